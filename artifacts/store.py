@@ -1,0 +1,222 @@
+"""Content-checked, input-addressed artifact store: the only code in coopflow that touches disk.
+
+Layout: `<root>/<kind>/<key>/` holding either `data.parquet` (table kinds) or a directory tree
+(checkpoints, models), plus `ref.json` (the `ArtifactRef`) and, for directories, `manifest.json`
+(sha256 of every file). The key is computed from the *inputs* (`key_for`), so a flow knows whether
+a stage is cached before running it; the sha256 of the *output* is verified on every read.
+
+Writes are atomic: everything goes to a hidden temp dir beside the target and is renamed into
+place in one step, so a killed process never leaves a half-written artifact that looks complete.
+An existing artifact is never overwritten.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict
+
+from schemas.tables import SCHEMA_VERSION, schema_for
+
+
+class ArtifactError(RuntimeError):
+    """An artifact is missing, corrupted or does not match its declared schema."""
+
+
+class ArtifactRef(BaseModel):
+    """A pointer to one stored artifact; the only thing passed between tasks."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str
+    key: str
+    uri: str
+    sha256: str
+    rows: int | None = None
+    schema_version: str = SCHEMA_VERSION
+
+
+def canonical_json(obj: Any) -> str:
+    """Deterministic JSON used for hashing configs and inputs."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_json_default)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, BaseModel):
+        return o.model_dump(mode="json")
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"cannot hash object of type {type(o).__name__}")
+
+
+def key_for(kind: str, inputs: dict[str, Any]) -> str:
+    """Input-addressed key: sha256 of (kind, schema version, canonical inputs), 24 hex chars."""
+    payload = canonical_json({"kind": kind, "schema_version": SCHEMA_VERSION, "inputs": inputs})
+    return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+class ArtifactStore:
+    """Artifacts under one root directory."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root).expanduser().resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    # --- lookup ----------------------------------------------------------------------------------
+
+    def path(self, kind: str, key: str) -> Path:
+        """Directory of an artifact (whether or not it exists)."""
+        return self.root / kind / key
+
+    def find(self, kind: str, key: str) -> ArtifactRef | None:
+        """The ref of a completed artifact, or None when it was never written."""
+        ref_file = self.path(kind, key) / "ref.json"
+        if not ref_file.is_file():
+            return None
+        return ArtifactRef.model_validate_json(ref_file.read_text())
+
+    # --- tables ----------------------------------------------------------------------------------
+
+    def put_table(self, kind: str, key: str, table: pa.Table | list[dict], meta: dict | None = None) -> ArtifactRef:
+        """Write a table of a declared kind (validated and cast to its schema) atomically."""
+        existing = self.find(kind, key)
+        if existing is not None:
+            return existing
+        schema = schema_for(kind)
+        if isinstance(table, list):
+            table = pa.Table.from_pylist(table, schema=schema)
+        else:
+            table = self._conform(kind, table, schema)
+        md = dict(schema.metadata or {})
+        md[b"coopflow_key"] = key.encode()
+        if meta:
+            md[b"coopflow_meta"] = canonical_json(meta).encode()
+        table = table.replace_schema_metadata(md)
+
+        def write(tmp: Path) -> None:
+            pq.write_table(table, tmp / "data.parquet")
+
+        return self._commit(kind, key, write, rows=table.num_rows, table=True)
+
+    def read_table(self, ref: ArtifactRef) -> pa.Table:
+        """Read a table artifact, verifying its sha256 and schema."""
+        path = Path(ref.uri) / "data.parquet"
+        if not path.is_file():
+            raise ArtifactError(f"artifact {ref.kind}/{ref.key} is missing its data file {path}")
+        digest = sha256_file(path)
+        if digest != ref.sha256:
+            raise ArtifactError(f"artifact file {path} is corrupted: sha256 {digest[:16]}… does not match the "
+                                f"recorded {ref.sha256[:16]}…; delete {path.parent} to recompute it")
+        table = pq.read_table(path)
+        expected = schema_for(ref.kind)
+        if not table.schema.equals(expected, check_metadata=False):
+            raise ArtifactError(f"artifact {path} does not match the declared {ref.kind} schema "
+                                f"(schema_version {ref.schema_version}, expected {SCHEMA_VERSION})")
+        return table
+
+    def read_rows(self, ref: ArtifactRef) -> list[dict]:
+        """Table artifact as a list of row dicts."""
+        return self.read_table(ref).to_pylist()
+
+    @staticmethod
+    def _conform(kind: str, table: pa.Table, schema: pa.Schema) -> pa.Table:
+        missing = [n for n in schema.names if n not in table.column_names]
+        extra = [n for n in table.column_names if n not in schema.names]
+        if missing or extra:
+            raise ArtifactError(f"{kind} table columns do not match its schema: missing {missing}, unexpected {extra}")
+        try:
+            return table.select(schema.names).cast(schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+            raise ArtifactError(f"{kind} table cannot be cast to its schema: {err}") from None
+
+    # --- directories (checkpoints, models, JSON blobs) --------------------------------------------
+
+    def put_dir(self, kind: str, key: str, writer: Callable[[Path], None]) -> ArtifactRef:
+        """Let `writer` fill a temp dir, then record a manifest of file digests and commit atomically."""
+        existing = self.find(kind, key)
+        if existing is not None:
+            return existing
+        return self._commit(kind, key, writer, rows=None, table=False)
+
+    def open_dir(self, ref: ArtifactRef) -> Path:
+        """Directory of a dir artifact after verifying every file against its manifest."""
+        root = Path(ref.uri)
+        manifest_path = root / "manifest.json"
+        if not manifest_path.is_file():
+            raise ArtifactError(f"artifact {ref.kind}/{ref.key} is missing its manifest {manifest_path}")
+        if sha256_file(manifest_path) != ref.sha256:
+            raise ArtifactError(f"artifact manifest {manifest_path} is corrupted (sha256 mismatch)")
+        manifest = json.loads(manifest_path.read_text())
+        for rel, digest in manifest["files"].items():
+            f = root / rel
+            if not f.is_file():
+                raise ArtifactError(f"artifact file {f} is missing (listed in {manifest_path})")
+            got = sha256_file(f)
+            if got != digest:
+                raise ArtifactError(f"artifact file {f} is corrupted: sha256 {got[:16]}… does not match the "
+                                    f"manifest's {digest[:16]}…; delete {root} to recompute it")
+        return root
+
+    def put_json(self, kind: str, key: str, obj: Any) -> ArtifactRef:
+        """A small JSON document as a dir artifact (`data.json`)."""
+        return self.put_dir(kind, key, lambda d: (d / "data.json").write_text(canonical_json(obj)))
+
+    def read_json(self, ref: ArtifactRef) -> Any:
+        """Read a JSON dir artifact after verification."""
+        return json.loads((self.open_dir(ref) / "data.json").read_text())
+
+    # --- commit ----------------------------------------------------------------------------------
+
+    def _commit(self, kind: str, key: str, writer: Callable[[Path], None], rows: int | None,
+                table: bool) -> ArtifactRef:
+        final = self.path(kind, key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            writer(tmp)
+            if table:
+                digest = sha256_file(tmp / "data.parquet")
+            else:
+                files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+                (tmp / "manifest.json").write_text(json.dumps({"kind": kind, "key": key, "files": files}, indent=1))
+                digest = sha256_file(tmp / "manifest.json")
+            ref = ArtifactRef(kind=kind, key=key, uri=str(final), sha256=digest, rows=rows)
+            (tmp / "ref.json").write_text(ref.model_dump_json(indent=1))
+            if final.exists():
+                # A stale incomplete dir (no ref.json) from an older crash, or a concurrent writer won.
+                done = self.find(kind, key)
+                if done is not None:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    return done
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            return ref
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    def clean_temp(self) -> int:
+        """Remove temp dirs left by killed processes; returns how many were removed."""
+        n = 0
+        for kind_dir in self.root.iterdir() if self.root.exists() else []:
+            for t in kind_dir.glob(".tmp-*"):
+                shutil.rmtree(t, ignore_errors=True)
+                n += 1
+        return n

@@ -1,0 +1,371 @@
+"""Run configuration: the single source of truth for every field a coopflow run reads.
+
+A run config is one YAML/JSON document with a few sections:
+
+    algorithm: magrpo            # magrpo | mareinforce | marloo | maremax
+    agents:    {agent_model: tiny, num_agents: 2}
+    taskset:   {name: story-length-ratio, num_items: 16}
+    reward:    {name: length_ratio}
+    trainer:   {...}             # the reference's MAGRPOConfig fields, same names and defaults
+    seed: 0
+
+`trainer` mirrors CoMLRL 1.4.3's `MAGRPOConfig` (spec §6.1) field for field, including its
+defaults and validations; everything else is pipeline configuration. Every model is
+`extra="forbid"`, so a misspelt key fails with a message naming it. `load_config` reads a file,
+applies `--set a.b=c` overrides with the same dotted paths and validates, before any model loads.
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ALGORITHM_ADVANTAGE = {"magrpo": "mean", "mareinforce": "raw", "marloo": "rloo", "maremax": "max"}
+"""Each MAGRPO-family algorithm is MAGRPO with a different default `advantage_mode` (spec §2.2)."""
+
+JOINT_MODE_ALIASES = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- agents --------------------------------------------------------------------------------------
+
+
+class AgentsConfig(_Strict):
+    """Which causal LMs act as agents (spec §2.3 and §10 source rules)."""
+
+    agent_model: str | None = Field(
+        None, description="One model for all agents (homogeneous): 'tiny' (built locally), a local dir or an HF id.")
+    agents: list[str] | None = Field(
+        None, description="One model per agent (heterogeneous): local dirs or HF ids; length must equal num_agents.")
+    num_agents: int | None = Field(
+        None, ge=1, description="Number of agents N; defaults to len(agents), else 2 (the reference's default).")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
+        "float32", description="Weight dtype when loading the agents ('auto' keeps the checkpoint's dtype).")
+    attn_implementation: str | None = Field(
+        "sdpa", description="Attention kernel passed to from_pretrained; null leaves the model's default.")
+    device: str = Field("cpu", description="Torch device for every agent ('cpu', 'cuda', 'cuda:0', 'auto').")
+    tiny_hidden_size: int = Field(64, ge=8, description="Hidden size of the built-in 'tiny' model.")
+    tiny_num_layers: int = Field(2, ge=1, description="Layer count of the built-in 'tiny' model.")
+
+    @model_validator(mode="after")
+    def _resolve(self) -> "AgentsConfig":
+        if self.agent_model is None and not self.agents:
+            raise ValueError("set agents.agent_model (homogeneous) or agents.agents (a list, heterogeneous)")
+        if self.agents is not None:
+            if any(not isinstance(a, str) or not a.strip() for a in self.agents):
+                raise ValueError("agents.agents entries must be non-empty model names or directories")
+            n = self.num_agents if self.num_agents is not None else len(self.agents)
+            if len(self.agents) != n:
+                raise ValueError(f"agents.agents has {len(self.agents)} entries but num_agents is {n}")
+            if self.agent_model is not None and any(a != self.agent_model for a in self.agents):
+                raise ValueError("conflict: agents.agents must list num_agents copies of agents.agent_model "
+                                 "when both are given (or drop agent_model for heterogeneous agents)")
+        return self
+
+    @property
+    def n(self) -> int:
+        """The resolved number of agents."""
+        if self.num_agents is not None:
+            return self.num_agents
+        return len(self.agents) if self.agents else 2
+
+    def sources(self) -> list[str]:
+        """One model source per agent."""
+        return list(self.agents) if self.agents else [self.agent_model] * self.n  # type: ignore[list-item]
+
+
+# --- taskset -------------------------------------------------------------------------------------
+
+
+class TasksetConfig(_Strict):
+    """Where the task items come from (built-in name, local file or HF `datasets` dataset)."""
+
+    name: str = Field("story-length-ratio",
+                      description="Built-in taskset name, a local .parquet/.jsonl/.json/.csv file, or 'hf:<dataset id>'.")
+    split: str = Field("train", description="Split to train on (for files: all rows; for HF datasets: the split name).")
+    eval_split: str | None = Field(
+        None, description="Split to evaluate on; null uses the built-in taskset's eval split, else the train split.")
+    prompt_column: str = Field("prompt", description="Column holding the prompt text.")
+    prompt_template: str | None = Field(
+        None, description="Python format string over the row's columns that builds the prompt, e.g. 'Summarize: {text}'.")
+    num_items: int | None = Field(None, ge=1, description="Use only the first N training items (null: all).")
+    num_eval_items: int | None = Field(None, ge=1, description="Use only the first N eval items (null: all).")
+
+
+# --- reward --------------------------------------------------------------------------------------
+
+
+class RewardConfig(_Strict):
+    """The shared reward of a joint action (spec §8.1)."""
+
+    name: str = Field("length_ratio", description="Built-in reward name or an import path 'module:function'.")
+    kwargs: dict[str, Any] = Field(default_factory=dict,
+                                   description="Keyword arguments bound to the reward function (functools.partial).")
+    processor: str | None = Field(
+        None, description="Reward processor: identity | clamp:MIN:MAX | scale:F | sigmoid_scale | exponential_scale:F "
+                          "| normalize_by_length:MAX | 'module:function'.")
+
+
+# --- formatters ----------------------------------------------------------------------------------
+
+
+class FormatterConfig(_Strict):
+    """How an agent's prompt is built from a task item (spec §8.2)."""
+
+    template: str | None = Field(
+        None, description="Python format string over the item's fields, e.g. 'Write briefly: {prompt}'. "
+                          "null uses item['prompt'] unchanged.")
+    function: str | None = Field(None, description="Import path 'module:function' of a formatter f(item) -> str.")
+    chat_template: bool = Field(False, description="Wrap the prompt in the tokenizer's chat template as a user turn.")
+    system_prompt: str | None = Field(None, description="System message used with chat_template.")
+
+    @model_validator(mode="after")
+    def _one(self) -> "FormatterConfig":
+        if self.template is not None and self.function is not None:
+            raise ValueError("a formatter takes either template or function, not both")
+        return self
+
+
+# --- trainer (the reference's MAGRPOConfig) -------------------------------------------------------
+
+
+class MAGRPOConfig(_Strict):
+    """CoMLRL 1.4.3 `MAGRPOConfig` fields with the reference's defaults and checks (spec §6.1)."""
+
+    num_train_epochs: int = Field(20, ge=1, description="Passes over the training items.")
+    agent_learning_rate: float = Field(5e-6, gt=0, description="AdamW learning rate of every agent.")
+    logging_steps: int = Field(50, ge=1, description="Minimum env_step gap between two training metric logs.")
+    num_agents: int | None = Field(None, ge=1, description="Alias of agents.num_agents (must agree when both set).")
+    parallel_training: str | None = Field("none", description="none | mp (per-agent workers; mp needs agent_devices).")
+    agent_devices: str | list[str] | None = Field(None, description="Device per agent; required for mp.")
+    num_generations: int = Field(4, ge=2, description="K completions per agent per prompt (group baseline needs >= 2).")
+    max_new_tokens: int = Field(256, ge=1, description="Maximum generated tokens per completion.")
+    temperature: float = Field(0.6, gt=0, description="Sampling temperature.")
+    top_p: float = Field(0.6, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int | None = Field(50, ge=0, description="Top-k sampling; null (or 0) disables top-k entirely.")
+    num_turns: int = Field(2, ge=1, description="Turns per episode H; > 1 needs a transition (multi-turn).")
+    discount: float = Field(1.0, ge=0, le=1, description="Kept for compatibility; latest MAGRPO returns are undiscounted.")
+    joint_mode: str = Field("aligned", description="aligned (K joint actions) | cross (K^N, Cartesian product); "
+                                                   "aliases align, crossed.")
+    early_termination_threshold: float | None = Field(
+        -0.2, description="Stop a branch when its node mean reward exceeds this (multi-turn only); null disables.")
+    external_prompt_passthrough: bool = Field(False, description="Pass transition prompts to formatters unchanged.")
+    eval_interval: int = Field(16, ge=0, description="Evaluate every this many training items (0 = off).")
+    eval_num_samples: int = Field(4, ge=0, description="Eval items per evaluation.")
+    eval_batch_size: int = Field(1, ge=1, description="Eval batch size (kept for compatibility; eval is batched).")
+    rollout_buffer_size: int = Field(2, ge=1, description="Node samples per agent collected before one update.")
+    train_batch_size: int | None = Field(None, ge=1, description="Minibatch size in node samples; null = rollout_buffer_size.")
+    advantage_normalization: bool = Field(True, description="z-normalize each group's advantages (population std).")
+    advantage_mode: str | None = Field(None, description="mean | raw | max | rloo; null = the algorithm's default.")
+    reference_kl_enabled: bool = Field(False, description="Penalize KL to a frozen reference model (not in this release).")
+    reference_kl_coef: float = Field(0.1, ge=0, description="KL penalty coefficient.")
+    reference_devices: str | list[str] | None = Field(None, description="Devices for reference models.")
+
+    @field_validator("parallel_training")
+    @classmethod
+    def _parallel(cls, v: str | None) -> str:
+        v = "none" if v is None or str(v).lower() in ("none", "null") else str(v).lower()
+        if v not in ("none", "mp"):
+            raise ValueError(f"parallel_training must be 'none' or 'mp', got {v!r}")
+        return v
+
+    @field_validator("joint_mode")
+    @classmethod
+    def _joint(cls, v: str) -> str:
+        key = str(v).lower()
+        if key not in JOINT_MODE_ALIASES:
+            raise ValueError(f"joint_mode must be one of aligned, align, cross, crossed; got {v!r}")
+        return JOINT_MODE_ALIASES[key]
+
+    @field_validator("advantage_mode")
+    @classmethod
+    def _adv(cls, v: str | None) -> str | None:
+        if v is not None and v not in ("mean", "raw", "max", "rloo"):
+            raise ValueError(f"advantage_mode must be one of mean, raw, max, rloo; got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _post(self) -> "MAGRPOConfig":
+        if self.parallel_training == "mp" and not self.agent_devices:
+            raise ValueError("parallel_training='mp' requires agent_devices")
+        return self
+
+    @property
+    def batch_size(self) -> int:
+        """Resolved train_batch_size (defaults to rollout_buffer_size: full-batch GD)."""
+        return self.train_batch_size or self.rollout_buffer_size
+
+
+# --- pipeline ------------------------------------------------------------------------------------
+
+
+class TrackingConfig(_Strict):
+    """MLflow tracking."""
+
+    enabled: bool = Field(True, description="Log params, metrics, plots and lineage to MLflow.")
+    experiment: str = Field("coopflow", description="MLflow experiment name.")
+    run_name: str | None = Field(None, description="MLflow run name; null = '<algorithm>-<config key>'.")
+    tracking_uri: str | None = Field(None, description="MLflow URI; null = sqlite:///<data_dir>/mlflow.db.")
+    sample_rollouts: int = Field(16, ge=0, description="Rollout rows saved as a run artifact (JSON) per run.")
+
+
+class RunConfig(_Strict):
+    """A full coopflow run of the MAGRPO family."""
+
+    algorithm: Literal["magrpo", "mareinforce", "marloo", "maremax"] = Field(
+        "magrpo", description="Which MAGRPO-family algorithm (sets the default advantage_mode).")
+    agents: AgentsConfig = Field(default_factory=lambda: AgentsConfig(agent_model="tiny"),
+                                 description="The agents.")
+    taskset: TasksetConfig = Field(default_factory=TasksetConfig, description="The task items.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="The shared reward.")
+    formatters: list[FormatterConfig] | FormatterConfig | None = Field(
+        None, description="One formatter for all agents, or a list with one per agent; null = item['prompt'].")
+    trainer: MAGRPOConfig = Field(default_factory=MAGRPOConfig, description="Reference MAGRPOConfig fields.")
+    seed: int = Field(0, description="Seed of generation sampling, minibatch shuffles and the tiny model.")
+    data_dir: str | None = Field(None, description="Data directory; null = $COOPFLOW_HOME or ./.coopflow.")
+    checkpoint_every: int = Field(0, ge=0, description="Write a checkpoint every this many updates (0 = once per epoch).")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
+
+    @model_validator(mode="after")
+    def _post(self) -> "RunConfig":
+        t = self.trainer
+        if t.num_agents is not None and self.agents.num_agents is not None and t.num_agents != self.agents.num_agents:
+            raise ValueError(f"trainer.num_agents={t.num_agents} disagrees with agents.num_agents={self.agents.num_agents}")
+        if t.num_agents is not None and self.agents.num_agents is None:
+            self.agents = AgentsConfig.model_validate({**self.agents.model_dump(), "num_agents": t.num_agents})
+        if t.num_turns > 1:
+            raise ValueError("trainer.num_turns > 1 (multi-turn) needs an external transition, which this release "
+                             "does not support yet; set trainer.num_turns: 1")
+        if t.reference_kl_enabled:
+            raise ValueError("trainer.reference_kl_enabled: reference-model KL is not supported in this release")
+        if t.parallel_training == "mp":
+            raise ValueError("trainer.parallel_training='mp' is not supported in this release; use 'none'")
+        if isinstance(self.formatters, list) and len(self.formatters) != self.agents.n:
+            raise ValueError(f"formatters has {len(self.formatters)} entries but there are {self.agents.n} agents")
+        return self
+
+    @property
+    def advantage_mode(self) -> str:
+        """Resolved advantage mode (trainer.advantage_mode or the algorithm's default)."""
+        return self.trainer.advantage_mode or ALGORITHM_ADVANTAGE[self.algorithm]
+
+    def formatter_for(self, agent: int) -> FormatterConfig:
+        """The formatter config of one agent."""
+        if self.formatters is None:
+            return FormatterConfig()
+        if isinstance(self.formatters, list):
+            return self.formatters[agent]
+        return self.formatters
+
+    def resolved_data_dir(self) -> Path:
+        """Where artifacts, MLflow and Prefect state live."""
+        return Path(self.data_dir or os.environ.get("COOPFLOW_HOME") or ".coopflow").expanduser().resolve()
+
+
+# --- loading and overrides -----------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the offending field."""
+
+
+def _parse_value(text: str) -> Any:
+    """Parse an override value: YAML scalars/lists/maps ('1e-3', 'true', 'null', '[a, b]')."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(data: dict, overrides: list[str] | dict[str, Any] | None) -> dict:
+    """Apply `a.b.c=value` overrides (or a {dotted: value} dict) to a nested dict, in place."""
+    items = overrides.items() if isinstance(overrides, dict) else []
+    if isinstance(overrides, list):
+        pairs = []
+        for ov in overrides:
+            if "=" not in ov:
+                raise ConfigError(f"override {ov!r} must look like key.path=value")
+            k, v = ov.split("=", 1)
+            pairs.append((k.strip(), _parse_value(v)))
+        items = pairs
+    for key, value in items:
+        parts = key.split(".")
+        node = data
+        for p in parts[:-1]:
+            if node.get(p) is None:
+                node[p] = {}
+            if not isinstance(node[p], dict):
+                raise ConfigError(f"override {key!r}: {p!r} is not a section")
+            node = node[p]
+        node[parts[-1]] = value
+    return data
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """One readable line per problem, each naming the dotted field path."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        show = e["type"] != "missing" and not isinstance(got, dict) and repr(got) not in msg
+        lines.append(f"{loc or '<config>'}: {msg}" + (f" (got {got!r})" if show else ""))
+    return "invalid config: " + "; ".join(lines)
+
+
+def validate_config(data: dict, algorithm: str | None = None) -> RunConfig:
+    """Validate a config dict; raises ConfigError naming the field."""
+    data = dict(data)
+    if algorithm is not None:
+        if data.get("algorithm") not in (None, algorithm):
+            raise ConfigError(f"algorithm: config says {data['algorithm']!r} but the flow is train-{algorithm}")
+        data["algorithm"] = algorithm
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err)) from None
+
+
+def read_config_file(path: str | os.PathLike) -> dict:
+    """Read a YAML or JSON config file into a dict."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    text = p.read_text()
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(f"cannot parse config file {p}: {err}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping at the top level")
+    return data
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | dict | None = None,
+                algorithm: str | None = None, base: dict | None = None) -> RunConfig:
+    """File (optional) + base dict (optional) + overrides -> validated RunConfig."""
+    data: dict = {}
+    if path is not None:
+        data = read_config_file(path)
+    if base:
+        data = _deep_merge(data, base)
+    data = apply_overrides(data, overrides)
+    return validate_config(data, algorithm)
+
+
+def _deep_merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

@@ -1,0 +1,65 @@
+"""pyarrow schemas of every Parquet artifact kind (with a `schema_version` in the metadata).
+
+Per-agent values are rows with an `agent` column, never a column per agent, so the agent count
+stays a runtime parameter. A reader checks the stored schema equals the declared one.
+
+Kinds:
+- taskset      one row per task item
+- rollouts     one row per (step, item, agent, sample): token ids, text and length of a completion
+- scores       one row per joint action: its per-agent sample combo and shared reward
+- advantages   one row per (step, item, agent, sample): the return and the advantage fed to the update
+- metrics      one row per logged metric point (key, value, env_step)
+- eval         one row per (eval item, agent): the single-path completion and the joint reward
+- steps        a training manifest: one row per update with the keys of its rollouts/scores/advantages
+"""
+
+import pyarrow as pa
+
+SCHEMA_VERSION = "1"
+
+_i32, _i64, _f64, _str, _bool = pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.bool_()
+
+
+def _schema(kind: str, fields: list[tuple[str, pa.DataType]]) -> pa.Schema:
+    return pa.schema([pa.field(n, t, nullable=(t == _str)) for n, t in fields],
+                     metadata={"artifact": kind, "schema_version": SCHEMA_VERSION})
+
+
+TABLES: dict[str, pa.Schema] = {
+    "taskset": _schema("taskset", [
+        ("item_id", _i64), ("split", _str), ("prompt", _str), ("fields", _str),  # fields: JSON of the row
+    ]),
+    "rollouts": _schema("rollouts", [
+        ("step", _i64), ("item_id", _i64), ("turn", _i32), ("node_id", _i64), ("agent", _i32), ("sample", _i32),
+        ("prompt", _str), ("prompt_ids", pa.list_(_i32)), ("completion_ids", pa.list_(_i32)),
+        ("completion_text", _str), ("length", _i32), ("finished", _bool),
+    ]),
+    "scores": _schema("scores", [
+        ("step", _i64), ("item_id", _i64), ("turn", _i32), ("node_id", _i64), ("joint_idx", _i32),
+        ("combo", pa.list_(_i32)), ("reward_raw", _f64), ("reward", _f64), ("env_step", _i64),
+    ]),
+    "advantages": _schema("advantages", [
+        ("step", _i64), ("item_id", _i64), ("turn", _i32), ("node_id", _i64), ("agent", _i32), ("sample", _i32),
+        ("return", _f64), ("advantage", _f64),
+    ]),
+    "metrics": _schema("metrics", [("key", _str), ("value", _f64), ("env_step", _i64)]),
+    "eval": _schema("eval", [
+        ("item_id", _i64), ("turn", _i32), ("agent", _i32), ("prompt", _str), ("completion_text", _str),
+        ("reward", _f64), ("return", _f64),
+    ]),
+    "steps": _schema("steps", [
+        ("update", _i64), ("epoch", _i32), ("env_step", _i64), ("rollouts", _str), ("scores", _str),
+        ("advantages", _str), ("reward_mean", _f64),
+    ]),
+}
+
+DIR_KINDS = ("checkpoint", "model")
+"""Artifact kinds stored as directories (HF save_pretrained dirs plus a manifest), not tables."""
+
+
+def schema_for(kind: str) -> pa.Schema:
+    """The declared schema of a table kind; KeyError names the known kinds."""
+    try:
+        return TABLES[kind]
+    except KeyError:
+        raise KeyError(f"unknown artifact kind {kind!r}; known: {sorted(TABLES)}") from None

@@ -1,0 +1,1 @@
+"""Pure pipeline stages: plain typed functions over artifact refs (no Prefect, no MLflow)."""

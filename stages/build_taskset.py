@@ -1,0 +1,155 @@
+"""Stage: build the taskset artifact (one row per task item, train and eval splits).
+
+Sources:
+- built-in `story-length-ratio`: "write a story about <topic>" prompts; both agents receive the same
+  prompt and the shared reward wants agent 2's story 2–3× longer than agent 1's;
+- a local `.parquet`, `.jsonl`/`.json` or `.csv` file with a prompt column (or a `prompt_template`
+  over its columns);
+- `hf:<dataset>` — a Hugging Face `datasets` dataset (local cache or network).
+
+The key covers the taskset config and the source's content digest, so editing the file makes a
+new taskset and everything downstream recomputes.
+"""
+
+import hashlib
+import json
+from pathlib import Path
+
+from artifacts import ArtifactRef, ArtifactStore, key_for, sha256_file
+from schemas.config import TasksetConfig
+
+STAGE_VERSION = "1"
+
+STORY_TOPICS_TRAIN = [
+    "a robot", "the ocean", "a dragon", "a city in the clouds", "the moon", "a little fox", "a tree", "the rain",
+    "a lost key", "a lighthouse", "a snowy mountain", "a river", "an old ship", "a small bird", "a red door",
+    "the wind", "a night market", "a green garden", "a sleepy cat", "a brave dog", "a star", "a desert road",
+    "a quiet forest", "a happy friend", "a blue balloon", "a long journey", "a big storm", "a tiny house",
+    "the sun", "a dark cave", "a winter morning", "an island",
+]
+STORY_TOPICS_EVAL = ["a mountain village", "a kite", "an old clock", "a sea turtle",
+                     "a train at night", "a paper boat", "a sunflower", "a secret map"]
+
+
+def _builtin(name: str) -> dict[str, list[dict]]:
+    if name == "story-length-ratio":
+        return {"train": [{"prompt": f"write a story about {t}", "topic": t} for t in STORY_TOPICS_TRAIN],
+                "eval": [{"prompt": f"write a story about {t}", "topic": t} for t in STORY_TOPICS_EVAL]}
+    raise KeyError(name)
+
+
+BUILTIN_TASKSETS = ("story-length-ratio",)
+
+
+def _read_file(path: Path) -> list[dict]:
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if suffix in (".jsonl", ".ndjson"):
+        rows = []
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{n}: invalid JSON line ({err})") from None
+        return rows
+    if suffix == ".json":
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and "data" in data:
+            data = data["data"]
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: a .json taskset must hold a list of objects")
+        return data
+    if suffix == ".csv":
+        import csv
+
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    raise ValueError(f"taskset file {path} has unsupported type {suffix!r}; use .parquet, .jsonl, .json or .csv")
+
+
+def _source(cfg: TasksetConfig) -> tuple[dict, callable]:
+    """(digest inputs, loader) for the configured source."""
+    if cfg.name in BUILTIN_TASKSETS:
+        return {"builtin": cfg.name, "version": STAGE_VERSION}, lambda: _builtin(cfg.name)
+    if cfg.name.startswith("hf:"):
+        ds_id = cfg.name[3:]
+
+        def load_hf() -> dict[str, list[dict]]:
+            import datasets
+
+            splits = {cfg.split}
+            if cfg.eval_split:
+                splits.add(cfg.eval_split)
+            out = {}
+            for s in splits:
+                out[s] = [dict(r) for r in datasets.load_dataset(ds_id, split=s)]
+            return out
+
+        return {"hf": ds_id}, load_hf
+    path = Path(cfg.name).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"taskset.name: {cfg.name!r} is neither a built-in taskset "
+                                f"({', '.join(BUILTIN_TASKSETS)}), 'hf:<dataset>', nor an existing file")
+    return {"file_sha256": sha256_file(path)}, lambda: {cfg.split: _read_file(path)}
+
+
+def _prompt(row: dict, cfg: TasksetConfig, where: str) -> str:
+    if cfg.prompt_template is not None:
+        try:
+            return cfg.prompt_template.format(**row)
+        except KeyError as err:
+            raise ValueError(f"taskset.prompt_template uses column {err} missing in {where}") from None
+    if cfg.prompt_column not in row:
+        raise ValueError(f"taskset.prompt_column {cfg.prompt_column!r} not found in {where} "
+                         f"(columns: {sorted(row)})")
+    return str(row[cfg.prompt_column])
+
+
+def taskset_key(cfg: TasksetConfig) -> tuple[str, callable]:
+    """The input-addressed key of a taskset and the loader that builds its rows."""
+    digest, loader = _source(cfg)
+    return key_for("taskset", {"cfg": cfg.model_dump(), "source": digest, "stage": STAGE_VERSION}), loader
+
+
+def build_taskset(cfg: TasksetConfig, store: ArtifactStore) -> ArtifactRef:
+    """Build (or find) the taskset artifact for `cfg`."""
+    key, loader = taskset_key(cfg)
+    found = store.find("taskset", key)
+    if found is not None:
+        return found
+    splits = loader()
+    train_name = cfg.split if cfg.split in splits else next(iter(splits))
+    eval_name = cfg.eval_split or ("eval" if "eval" in splits else train_name)
+    if eval_name not in splits:
+        raise ValueError(f"taskset.eval_split {eval_name!r} not found (splits: {sorted(splits)})")
+    rows: list[dict] = []
+    for split, name, limit in (("train", train_name, cfg.num_items), ("eval", eval_name, cfg.num_eval_items)):
+        items = splits[name][:limit] if limit else splits[name]
+        if not items:
+            raise ValueError(f"taskset {cfg.name!r} split {name!r} has no items")
+        for i, row in enumerate(items):
+            prompt = _prompt(row, cfg, f"{cfg.name} row {i}")
+            fields = json.dumps(row, default=str, sort_keys=True)
+            rows.append({"item_id": i, "split": split, "prompt": prompt, "fields": fields})
+    return store.put_table("taskset", key, rows, meta={"source": cfg.name})
+
+
+def load_items(store: ArtifactStore, ref: ArtifactRef, split: str) -> list[dict]:
+    """Items of one split as dicts: the original fields plus 'prompt' and '_item_id'."""
+    out = []
+    for r in store.read_rows(ref):
+        if r["split"] == split:
+            item = json.loads(r["fields"])
+            item["prompt"] = r["prompt"]
+            item["_item_id"] = r["item_id"]
+            out.append(item)
+    return out
+
+
+def items_digest(items: list[dict]) -> str:
+    """Short digest of a list of items (for keys)."""
+    return hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode()).hexdigest()[:16]

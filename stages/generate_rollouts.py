@@ -1,0 +1,101 @@
+"""Stage: generate rollouts — K sampled completions per agent per item, batched.
+
+For each agent: **one** `generate` call over all items × K completions (prompts repeated K times,
+left-padded), under `inference_mode`, with the sampling settings of the run. Each completion is
+cut after its first EOS (the EOS itself is kept as the last action token, pads after it are
+dropped), its text decoded without special tokens. Sampling is reproducible and independent of
+resumption: the RNG is seeded per (run seed, update, agent).
+
+Output rows (schema `rollouts`): step, item_id, turn, node_id, agent, sample, prompt,
+prompt_ids, completion_ids, completion_text, length, finished.
+"""
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from stages.models import Policies
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Sampling settings for generate (from the trainer config)."""
+
+    num_generations: int
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int | None
+
+    def generation_config(self, tok):
+        from transformers import GenerationConfig
+
+        return GenerationConfig(
+            do_sample=True, num_beams=1, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+            top_p=self.top_p, top_k=self.top_k or 0, pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id, bos_token_id=None)
+
+
+def derive_seed(*parts) -> int:
+    """A 63-bit seed from any parts (stable across processes, unlike hash())."""
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") >> 1
+
+
+def trim_completion(row: list[int], eos_id: int | None) -> tuple[list[int], bool]:
+    """Cut a generated row after its first EOS; returns (token ids incl. EOS, finished)."""
+    if eos_id is not None and eos_id in row:
+        e = row.index(eos_id)
+        return row[:e + 1], True
+    return row, False
+
+
+@torch.inference_mode()
+def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: SamplingConfig, seed: int):
+    """One batched generate: returns per (prompt, sample) lists of (prompt_ids, completion_ids, text, finished)."""
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    device = next(model.parameters()).device
+    input_ids = enc["input_ids"].repeat_interleave(k, dim=0).to(device)
+    attn = enc["attention_mask"].repeat_interleave(k, dim=0).to(device)
+    if input_ids.shape[1] == 0:
+        raise ValueError("empty prompt: every agent prompt must contain at least one token")
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+    if device.type == "cuda":
+        torch.cuda.manual_seed_all(seed)
+    out = model.generate(input_ids=input_ids, attention_mask=attn,
+                         generation_config=sampling.generation_config(tok))
+    if was_training:
+        model.train()
+    P = input_ids.shape[1]
+    eos = tok.eos_token_id
+    rows = []
+    seqs = out[:, P:].tolist()
+    for r, row in enumerate(seqs):
+        mask = attn[r].tolist()
+        p_ids = [t for t, m in zip(input_ids[r].tolist(), mask) if m]
+        c_ids, finished = trim_completion(row, eos)
+        text_ids = c_ids[:-1] if finished else c_ids
+        text = tok.decode(text_ids, skip_special_tokens=True)
+        rows.append((p_ids, c_ids, text, finished))
+    return rows
+
+
+def generate_rollouts(policies: Policies, agent_prompts: list[list[str]], item_ids: list[int],
+                      sampling: SamplingConfig, seed: int, step: int, turn: int = 0) -> list[dict]:
+    """Rollout rows for every agent × item × sample; agent_prompts[i][j] is agent i's prompt for item j."""
+    k = sampling.num_generations
+    rows: list[dict] = []
+    for agent in range(policies.n):
+        model, tok = policies.models[agent], policies.tokenizers[agent]
+        gen = generate_for_agent(model, tok, agent_prompts[agent], k, sampling, derive_seed(seed, step, turn, agent))
+        for j, item_id in enumerate(item_ids):
+            for s in range(k):
+                p_ids, c_ids, text, finished = gen[j * k + s]
+                rows.append({"step": step, "item_id": item_id, "turn": turn, "node_id": j, "agent": agent,
+                             "sample": s, "prompt": agent_prompts[agent][j], "prompt_ids": p_ids,
+                             "completion_ids": c_ids, "completion_text": text, "length": len(c_ids),
+                             "finished": finished})
+    return rows

@@ -1,0 +1,32 @@
+"""Run a whole MAGRPO-family training by calling the stages directly (no Prefect, no MLflow).
+
+Used by the benchmark as the "stages called directly" baseline that the Prefect flow's overhead is
+measured against, and handy in notebooks. The flow in `flows/train.py` runs the same calls.
+"""
+
+import time
+
+from artifacts import ArtifactStore
+from schemas.config import RunConfig
+from stages.build_taskset import build_taskset
+from stages.train_online import evaluate_checkpoint, first_last_fifth, make_context, segment_end_keys, train_segment
+
+
+def run_direct(cfg: RunConfig, store: ArtifactStore | None = None, show_progress: bool = False) -> dict:
+    """Train and evaluate; returns a summary dict (env_steps, reward_first/last, eval, checkpoint, ...)."""
+    store = store or ArtifactStore(cfg.resolved_data_dir() / "artifacts")
+    t0 = time.perf_counter()
+    ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
+    ckpt, key, rewards = None, ctx.start_key, []
+    ends = segment_end_keys(ctx)
+    for i in range(len(ctx.segments)):
+        res = train_segment(ctx, i, ckpt, key, show_progress=show_progress)
+        ckpt, key = res.checkpoint, res.checkpoint.key
+        assert key == ends[i]
+        rewards += [r["reward_mean"] for r in store.read_rows(res.steps)]
+    train_s = time.perf_counter() - t0
+    _, ev = evaluate_checkpoint(ctx, ckpt)
+    first, last = first_last_fifth(rewards)
+    env = ctx.updates[-1].env_step_base + len(ctx.updates[-1].item_ids) * ctx.joint_actions_per_item()
+    return {"env_steps": env, "reward_first": first, "reward_last": last, "train_seconds": train_s,
+            "env_steps_per_s": env / train_s, "eval": ev, "checkpoint": str(store.open_dir(ckpt))}

@@ -1,0 +1,61 @@
+"""Stage: score rewards — form joint actions from the rollouts and score each with the shared reward.
+
+Joint actions per node (one node = one item at one turn), K = samples per agent, N = agents:
+- aligned: K joint actions (j, j, ..., j);
+- cross:   K^N joint actions, the Cartesian product of the agents' samples;
+- N = 1:   K single-agent actions (GRPO).
+
+Each joint action gets `reward_raw` from the reward function (called per joint action with
+one-element lists, through the reference's signature dispatch) and `reward` =
+processor(reward_raw). `env_step` counts scored joint actions across the run (the x-axis of every
+metric); `env_step_base` is the count before this call.
+"""
+
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Callable
+
+from stages.rewards import RewardCaller
+
+
+def joint_combos(k: int, n: int, joint_mode: str) -> list[tuple[int, ...]]:
+    """Per-agent sample indices of every joint action of one node."""
+    if n == 1 or joint_mode == "aligned":
+        return [(j,) * n for j in range(k)]
+    if joint_mode == "cross":
+        return list(itertools.product(range(k), repeat=n))
+    raise ValueError(f"unknown joint_mode {joint_mode!r}")
+
+
+def score_rewards(rollouts: list[dict], items: dict[int, dict], caller: RewardCaller,
+                  processor: Callable[[float], float], joint_mode: str, env_step_base: int) -> list[dict]:
+    """Score rows (schema `scores`) for all nodes in `rollouts`, in node order."""
+    texts: dict[tuple, dict[tuple[int, int], str]] = defaultdict(dict)
+    meta: dict[tuple, tuple[int, int]] = {}
+    for r in rollouts:
+        node = (r["step"], r["turn"], r["node_id"])
+        texts[node][(r["agent"], r["sample"])] = r["completion_text"]
+        meta[node] = (r["item_id"], r["turn"])
+    n = caller.n
+    out: list[dict] = []
+    env_step = env_step_base
+    for node in sorted(texts):
+        step, turn, node_id = node
+        item_id, _ = meta[node]
+        item = items[item_id]
+        k = 1 + max(s for (_, s) in texts[node])
+        for j, combo in enumerate(joint_combos(k, n, joint_mode)):
+            per_agent = [[texts[node][(a, combo[a])]] for a in range(n)]
+            if joint_mode == "cross" and n > 1:
+                vals = caller.call_cross(per_agent, [item])
+            else:
+                vals = caller(per_agent, [item.get("prompt", "")], [item])
+            raw = vals[0]
+            if not math.isfinite(raw):
+                raise FloatingPointError(f"reward function returned {raw} for item {item_id}, joint action {combo}")
+            env_step += 1
+            out.append({"step": step, "item_id": item_id, "turn": turn, "node_id": node_id, "joint_idx": j,
+                        "combo": list(combo), "reward_raw": raw, "reward": float(processor(raw)),
+                        "env_step": env_step})
+    return out

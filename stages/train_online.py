@@ -1,0 +1,409 @@
+"""Online MAGRPO-family training: the step loop that chains the stages, one segment at a time.
+
+MAGRPO in plain words: every agent samples K answers to the same task; the K joint answers are
+scored with one shared reward; each agent's answer is reinforced by how much better its joint
+answer scored than the group's baseline (mean, none, max or leave-one-out), and every agent takes
+one policy-gradient step on its own answers. Repeat per `rollout_buffer_size` items.
+
+One **update** u processes the next `rollout_buffer_size` training items (items in file order,
+epoch after epoch, the last chunk of an epoch may be short):
+
+    generate_rollouts → score_rewards → compute_advantages → update_policies
+
+and each of the first three writes a Parquet artifact. Keys are input-addressed and chained, so
+every key of a run is known before anything runs:
+
+    policy_0       = key of the start (initial sources or a checkpoint)
+    rollouts_u     = H(policy_u, items of u, sampling, formatters, seed, u)
+    scores_u       = H(rollouts_u, reward identity, joint mode, env_step base)
+    advantages_u   = H(scores_u, advantage mode, normalization)
+    policy_{u+1}   = H(policy_u, advantages_u, learning rate, batch size)
+
+A **segment** is a run of updates ending in a checkpoint (`checkpoint_every` updates, default one
+epoch). Resuming a killed run reloads the segment's start checkpoint and *replays* the updates
+whose rollouts are already stored (no generation), so no completed step is lost; a fully cached
+segment is skipped outright by the flow (its checkpoint key is known in advance).
+"""
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from artifacts import ArtifactRef, ArtifactStore, key_for
+from schemas.config import RunConfig
+from stages.build_taskset import items_digest, load_items
+from stages.compute_advantages import compute_advantages
+from stages.evaluate import evaluate
+from stages.formatters import build_formatter
+from stages.generate_rollouts import SamplingConfig, derive_seed, generate_rollouts
+from stages.models import LIVE, Policies, build_tiny_model, load_checkpoint, load_policies
+from stages.rewards import RewardCaller, resolve_processor, resolve_reward, reward_identity
+from stages.score_rewards import joint_combos, score_rewards
+from stages.update_policies import update_policies
+
+STAGE_VERSION = "1"
+
+CALLS: Counter = Counter()
+"""How many times each stage body actually ran in this process (generate, score, advantages, update,
+evaluate, checkpoint); cached stages do not count. Used by tests and the run summary."""
+
+
+# --- plan ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Update:
+    """One policy update: its global index, epoch, training item ids and env_step before it."""
+
+    index: int
+    epoch: int
+    item_ids: tuple[int, ...]
+    env_step_base: int
+
+
+def plan_updates(n_items: int, epochs: int, buffer: int, joint_actions_per_item: int) -> list[Update]:
+    """Every update of the run, in order."""
+    out, env = [], 0
+    for e in range(epochs):
+        for start in range(0, n_items, buffer):
+            ids = tuple(range(start, min(n_items, start + buffer)))
+            out.append(Update(len(out), e, ids, env))
+            env += len(ids) * joint_actions_per_item
+    return out
+
+
+def plan_segments(updates: list[Update], checkpoint_every: int) -> list[list[Update]]:
+    """Split updates into checkpointed segments (0 = one segment per epoch)."""
+    segs: list[list[Update]] = []
+    for u in updates:
+        new = not segs or (checkpoint_every and len(segs[-1]) >= checkpoint_every) or \
+            (not checkpoint_every and segs[-1][-1].epoch != u.epoch)
+        if new:
+            segs.append([])
+        segs[-1].append(u)
+    return segs
+
+
+# --- run context ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RunContext:
+    """Everything the stages of one run need, resolved once from the config."""
+
+    cfg: RunConfig
+    store: ArtifactStore
+    taskset: ArtifactRef
+    train_items: list[dict]
+    eval_items: list[dict]
+    sources: list[str]
+    start_key: str
+    caller: RewardCaller
+    processor: object
+    reward_id: dict
+    sampling: SamplingConfig
+    updates: list[Update]
+    segments: list[list[Update]]
+    formatters: list = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return self.cfg.agents.n
+
+    def joint_actions_per_item(self) -> int:
+        return len(joint_combos(self.cfg.trainer.num_generations, self.n, self.cfg.trainer.joint_mode))
+
+
+def resolve_sources(cfg: RunConfig, store: ArtifactStore) -> tuple[list[str], dict]:
+    """Agent sources as loadable paths/ids, and their identity for keys ('tiny' is built into the store)."""
+    paths, ident = [], []
+    for src in cfg.agents.sources():
+        if src == "tiny":
+            a = cfg.agents
+            key = key_for("model", {"tiny": [a.tiny_hidden_size, a.tiny_num_layers], "v": STAGE_VERSION})
+            ref = store.put_dir("model", key, lambda d: build_tiny_model(d, a.tiny_hidden_size, a.tiny_num_layers))
+            paths.append(str(store.open_dir(ref)))
+            ident.append({"model": key})
+        elif Path(src).expanduser().is_dir():
+            p = Path(src).expanduser().resolve()
+            files = sorted((f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in p.iterdir() if f.is_file())
+            paths.append(str(p))
+            ident.append({"dir": str(p), "files": files})
+        else:
+            paths.append(src)
+            ident.append({"hub": src})
+    return paths, {"sources": ident, "dtype": cfg.agents.dtype}
+
+
+def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sources: list[str] | None = None,
+                 source_ident: dict | None = None) -> RunContext:
+    """Resolve config + taskset into a RunContext (loads no model)."""
+    if sources is None:
+        sources, source_ident = resolve_sources(cfg, store)
+    t = cfg.trainer
+    train = load_items(store, taskset, "train")
+    evals = load_items(store, taskset, "eval")
+    caller = RewardCaller(resolve_reward(cfg.reward.name, cfg.reward.kwargs), cfg.agents.n)
+    sampling = SamplingConfig(t.num_generations, t.max_new_tokens, t.temperature, t.top_p, t.top_k)
+    ctx = RunContext(cfg=cfg, store=store, taskset=taskset, train_items=train, eval_items=evals, sources=sources,
+                     start_key=key_for("policy", {"init": source_ident}), caller=caller,
+                     processor=resolve_processor(cfg.reward.processor),
+                     reward_id=reward_identity(cfg.reward.name, cfg.reward.kwargs, cfg.reward.processor),
+                     sampling=sampling, updates=[], segments=[])
+    ctx.updates = plan_updates(len(train), t.num_train_epochs, t.rollout_buffer_size, ctx.joint_actions_per_item())
+    ctx.segments = plan_segments(ctx.updates, cfg.checkpoint_every)
+    return ctx
+
+
+def formatters_for(ctx: RunContext, policies: Policies | None) -> list:
+    """Per-agent formatter functions (chat templates need the loaded tokenizers)."""
+    toks = policies.tokenizers if policies else [None] * ctx.n
+    return [build_formatter(ctx.cfg.formatter_for(i), toks[i]) for i in range(ctx.n)]
+
+
+# --- keys ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UpdateKeys:
+    rollouts: str
+    scores: str
+    advantages: str
+    policy_after: str
+
+
+def update_keys(ctx: RunContext, policy_key: str, u: Update) -> UpdateKeys:
+    """The chained artifact keys of one update (spec'd in the module docstring)."""
+    cfg, t = ctx.cfg, ctx.cfg.trainer
+    items = [ctx.train_items[i] for i in u.item_ids]
+    fmt = [cfg.formatter_for(i).model_dump() for i in range(ctx.n)]
+    rk = key_for("rollouts", {"policy": policy_key, "items": items_digest(items), "sampling": ctx.sampling.__dict__,
+                              "formatters": fmt, "seed": cfg.seed, "update": u.index, "v": STAGE_VERSION})
+    sk = key_for("scores", {"rollouts": rk, "reward": ctx.reward_id, "joint_mode": t.joint_mode,
+                            "env_step_base": u.env_step_base})
+    ak = key_for("advantages", {"scores": sk, "mode": cfg.advantage_mode, "norm": t.advantage_normalization})
+    pk = key_for("policy", {"prev": policy_key, "advantages": ak, "lr": t.agent_learning_rate,
+                            "batch": t.batch_size, "seed": cfg.seed})
+    return UpdateKeys(rk, sk, ak, pk)
+
+
+def segment_end_keys(ctx: RunContext) -> list[str]:
+    """Checkpoint key (= policy version key) at the end of every segment, computable before anything runs."""
+    out, pk = [], ctx.start_key
+    for seg in ctx.segments:
+        for u in seg:
+            pk = update_keys(ctx, pk, u).policy_after
+        out.append(pk)
+    return out
+
+
+# --- policies at a segment boundary --------------------------------------------------------------
+
+
+def acquire_policies(ctx: RunContext, start: ArtifactRef | None, start_key: str) -> Policies:
+    """Live policies for a segment start: in-memory when possible, else the checkpoint, else the sources."""
+    a, lr = ctx.cfg.agents, ctx.cfg.trainer.agent_learning_rate
+    pol = LIVE.take(start_key)
+    if pol is not None:
+        return pol
+    if start is None:
+        pol = load_policies(ctx.sources, lr, a.dtype, a.attn_implementation, a.device)
+        pol.state = {"update": 0, "env_step": 0, "last_logged": None}
+        return pol
+    path = ctx.store.open_dir(start)
+    return load_checkpoint(path, ctx.n, lr, a.dtype, a.attn_implementation, a.device)
+
+
+def peek_policies(ctx: RunContext, ckpt: ArtifactRef) -> Policies:
+    """Policies of a checkpoint for read-only use (evaluation), reusing the live copy if it matches."""
+    if LIVE.key == ckpt.key and LIVE.policies is not None:
+        return LIVE.policies
+    a = ctx.cfg.agents
+    pol = load_checkpoint(ctx.store.open_dir(ckpt), ctx.n, ctx.cfg.trainer.agent_learning_rate, a.dtype,
+                          a.attn_implementation, a.device)
+    LIVE.put(ckpt.key, pol)
+    return pol
+
+
+# --- one segment ---------------------------------------------------------------------------------
+
+
+@dataclass
+class SegmentResult:
+    """Refs a finished segment produced (all artifacts) and what actually ran."""
+
+    checkpoint: ArtifactRef
+    steps: ArtifactRef
+    metrics: ArtifactRef
+    executed: dict = field(default_factory=dict)
+
+
+def _node_means(scores: list[dict]) -> list[float]:
+    nodes: dict[tuple, list[float]] = {}
+    for s in scores:
+        nodes.setdefault((s["turn"], s["node_id"]), []).append(s["reward"])
+    return [sum(v) / len(v) for v in nodes.values()]
+
+
+def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, start_key: str,
+                  show_progress: bool = False) -> SegmentResult:
+    """Run (or replay) the updates of one segment and write its checkpoint, steps and metrics."""
+    from tqdm.auto import tqdm
+
+    store, cfg, t = ctx.store, ctx.cfg, ctx.cfg.trainer
+    seg = ctx.segments[seg_index]
+    pol = acquire_policies(ctx, start, start_key)
+    fmts = formatters_for(ctx, pol)
+    state = dict(pol.state)
+    policy_key = start_key
+    steps_rows, metric_rows = [], []
+    executed: Counter = Counter()
+    timing: Counter = Counter()
+    gen_tokens = 0
+    bar = tqdm(seg, desc=f"{cfg.algorithm} segment {seg_index + 1}/{len(ctx.segments)}", unit="update",
+               disable=not show_progress, leave=False)
+    try:
+        for u in bar:
+            keys = update_keys(ctx, policy_key, u)
+            items = [ctx.train_items[i] for i in u.item_ids]
+            by_id = {it["_item_id"]: it for it in items}
+            # --- periodic evaluation (before the update whose items cross an eval_interval boundary)
+            if t.eval_interval and t.eval_num_samples and any(i % t.eval_interval == 0 for i in u.item_ids):
+                t0 = time.perf_counter()
+                _, em = evaluate(pol, ctx.eval_items[:t.eval_num_samples], fmts, ctx.sampling, ctx.caller,
+                                 ctx.processor, derive_seed(cfg.seed, "eval", u.index))
+                CALLS["evaluate"] += 1
+                timing["eval_s"] += time.perf_counter() - t0
+                metric_rows += [{"key": k, "value": v, "env_step": u.env_step_base} for k, v in em.items()]
+            # --- generate (or replay stored rollouts)
+            t0 = time.perf_counter()
+            ref = store.find("rollouts", keys.rollouts)
+            if ref is None:
+                prompts = [[f(it) for it in items] for f in fmts]
+                rows = generate_rollouts(pol, prompts, list(u.item_ids), ctx.sampling, cfg.seed, u.index)
+                ref = store.put_table("rollouts", keys.rollouts, rows)
+                CALLS["generate"] += 1
+                executed["generate"] += 1
+                gen_tokens += sum(r["length"] for r in rows)
+                timing["generate_s"] += time.perf_counter() - t0
+            else:
+                rows = store.read_rows(ref)
+                executed["replayed"] += 1
+            # --- score
+            t0 = time.perf_counter()
+            sref = store.find("scores", keys.scores)
+            if sref is None:
+                scores = score_rewards(rows, by_id, ctx.caller, ctx.processor, t.joint_mode, u.env_step_base)
+                sref = store.put_table("scores", keys.scores, scores)
+                CALLS["score"] += 1
+            else:
+                scores = store.read_rows(sref)
+            # --- advantages
+            aref = store.find("advantages", keys.advantages)
+            if aref is None:
+                node_item = {(r["step"], r["turn"], r["node_id"]): r["item_id"] for r in rows}
+                adv = compute_advantages(scores, node_item, ctx.n, t.num_generations, t.joint_mode,
+                                         cfg.advantage_mode, t.advantage_normalization)
+                aref = store.put_table("advantages", keys.advantages, adv)
+                CALLS["advantages"] += 1
+            else:
+                adv = store.read_rows(aref)
+            timing["score_s"] += time.perf_counter() - t0
+            # --- update
+            t0 = time.perf_counter()
+            um = update_policies(pol, rows, adv, t.batch_size, cfg.seed, u.index)
+            CALLS["update"] += 1
+            executed["update"] += 1
+            timing["update_s"] += time.perf_counter() - t0
+            policy_key = keys.policy_after
+            # --- metrics (the reference's names, gated by logging_steps)
+            node_means = _node_means(scores)
+            reward_mean = sum(node_means) / len(node_means)
+            env_step = scores[-1]["env_step"]
+            returns = [a["return"] for a in adv]
+            last = state.get("last_logged")
+            if last is None or env_step - last >= t.logging_steps:
+                state["last_logged"] = env_step
+                metric_rows += [{"key": "turn_1/reward_mean", "value": reward_mean, "env_step": env_step},
+                                {"key": "turn_1/expected_return", "value": sum(returns) / len(returns),
+                                 "env_step": env_step}]
+                metric_rows += [{"key": k, "value": v, "env_step": env_step} for k, v in um.items()]
+            steps_rows.append({"update": u.index, "epoch": u.epoch, "env_step": env_step, "rollouts": ref.key,
+                               "scores": sref.key, "advantages": aref.key, "reward_mean": reward_mean})
+            state.update(update=u.index + 1, env_step=env_step, epoch=u.epoch)
+            bar.set_postfix(reward=f"{reward_mean:.3f}", env_step=env_step)
+    except BaseException:
+        LIVE.clear()  # the in-memory weights are mid-segment: never reuse them
+        raise
+    finally:
+        bar.close()
+    # --- checkpoint + segment manifest
+    t0 = time.perf_counter()
+    pol.state = state
+    ckpt_key = policy_key  # a checkpoint is stored under the key of the policy version it holds
+    from stages.models import save_checkpoint
+
+    ckpt = store.put_dir("checkpoint", ckpt_key, lambda d: save_checkpoint(pol, d, state))
+    CALLS["checkpoint"] += 1
+    timing["checkpoint_s"] += time.perf_counter() - t0
+    LIVE.put(ckpt_key, pol)
+    env_end = state["env_step"]
+    total_t = sum(timing[k] for k in ("generate_s", "score_s", "update_s"))
+    for k, v in timing.items():
+        metric_rows.append({"key": f"timing/{k}", "value": v, "env_step": env_end})
+    if timing["generate_s"] > 0:
+        metric_rows.append({"key": "timing/generate_tokens_per_s", "value": gen_tokens / timing["generate_s"],
+                            "env_step": env_end})
+    if total_t > 0:
+        n_env = env_end - seg[0].env_step_base
+        metric_rows.append({"key": "timing/env_steps_per_s", "value": n_env / total_t, "env_step": env_end})
+    steps = store.put_table("steps", ckpt_key, steps_rows)
+    metrics = store.put_table("metrics", ckpt_key, metric_rows)
+    return SegmentResult(ckpt, steps, metrics, dict(executed))
+
+
+def first_last_fifth(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean of the first and last fifth of a series (at least one value each)."""
+    if not values:
+        return None, None
+    k = max(1, math.floor(len(values) / 5))
+    return sum(values[:k]) / k, sum(values[-k:]) / k
+
+
+# --- final evaluation ----------------------------------------------------------------------------
+
+
+def eval_key(ctx: RunContext, ckpt_key: str) -> str:
+    """Key of the final evaluation artifact of a checkpoint."""
+    t = ctx.cfg.trainer
+    items = ctx.eval_items[:t.eval_num_samples] if t.eval_num_samples else ctx.eval_items
+    fmt = [ctx.cfg.formatter_for(i).model_dump() for i in range(ctx.n)]
+    return key_for("eval", {"checkpoint": ckpt_key, "items": items_digest(items), "sampling": ctx.sampling.__dict__,
+                            "reward": ctx.reward_id, "formatters": fmt, "seed": ctx.cfg.seed})
+
+
+def evaluate_checkpoint(ctx: RunContext, ckpt: ArtifactRef) -> tuple[ArtifactRef, dict[str, float]]:
+    """Evaluate a checkpoint on the eval split (eval_num_samples items; all when 0) -> eval artifact + metrics."""
+    t = ctx.cfg.trainer
+    items = ctx.eval_items[:t.eval_num_samples] if t.eval_num_samples else ctx.eval_items
+    key = eval_key(ctx, ckpt.key)
+    found = ctx.store.find("eval", key)
+    if found is not None:
+        return found, eval_metrics(ctx.store.read_rows(found))
+    pol = peek_policies(ctx, ckpt)
+    rows, metrics = evaluate(pol, items, formatters_for(ctx, pol), ctx.sampling, ctx.caller, ctx.processor,
+                             derive_seed(ctx.cfg.seed, "final-eval"))
+    CALLS["evaluate"] += 1
+    return ctx.store.put_table("eval", key, rows), metrics
+
+
+def eval_metrics(rows: list[dict]) -> dict[str, float]:
+    """Recompute eval metrics from stored eval rows."""
+    per_item = {r["item_id"]: (r["reward"], r["return"]) for r in rows}
+    if not per_item:
+        return {}
+    n = len(per_item)
+    return {"eval/turn_1/reward_mean": sum(v[0] for v in per_item.values()) / n,
+            "eval/turn_1/expected_return": sum(v[1] for v in per_item.values()) / n}

@@ -1,0 +1,80 @@
+"""Stage: update policies — one on-policy policy-gradient step per minibatch, per agent.
+
+For agent i, the node samples of one rollout buffer (a node sample = the K completions of one
+agent at one node) are grouped by turn, shuffled with a seeded RNG and split into minibatches of
+`train_batch_size` node samples. Per minibatch, **one padded, masked forward** over all of its
+completions gives the summed completion log-probs, and
+
+    loss = (1/|mb|) Σ_samples (1/K) Σ_k −log π(c_k | prompt) · A_k
+
+then zero_grad → backward → AdamW step. No ratio, clipping or entropy bonus (the reference's
+REINFORCE-style update). A non-finite loss raises instead of being skipped.
+"""
+
+import random
+from collections import defaultdict
+
+import torch
+
+from stages.generate_rollouts import derive_seed
+from stages.logprobs import sequence_logprobs
+from stages.models import Policies
+
+
+def _node_samples(rollouts: list[dict], adv: dict[tuple, float], agent: int) -> dict[int, list[list[dict]]]:
+    """turn -> list of node samples (each a list of completion dicts with 'advantage')."""
+    nodes: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rollouts:
+        if r["agent"] == agent:
+            key = (r["step"], r["turn"], r["node_id"])
+            nodes[key].append({**r, "advantage": adv[key + (agent, r["sample"])]})
+    by_turn: dict[int, list[list[dict]]] = defaultdict(list)
+    for key in sorted(nodes):
+        by_turn[key[1]].append(sorted(nodes[key], key=lambda x: x["sample"]))
+    return by_turn
+
+
+def policy_loss(model, samples: list[list[dict]], pad_id: int) -> tuple[torch.Tensor, int]:
+    """Minibatch loss (one forward over every completion of every node sample) and its token count."""
+    prompts, comps, adv, weight = [], [], [], []
+    for node in samples:
+        for c in node:
+            prompts.append(c["prompt_ids"])
+            comps.append(c["completion_ids"])
+            adv.append(c["advantage"])
+            weight.append(1.0 / (len(samples) * len(node)))
+    device = next(model.parameters()).device
+    logp = sequence_logprobs(model, prompts, comps, pad_id)
+    A = torch.tensor(adv, dtype=logp.dtype, device=device)
+    w = torch.tensor(weight, dtype=logp.dtype, device=device)
+    return -(w * logp * A).sum(), sum(len(c) for c in comps)
+
+
+def update_policies(policies: Policies, rollouts: list[dict], advantage_rows: list[dict], batch_size: int,
+                    seed: int, step: int) -> dict[str, float]:
+    """Apply one buffer's update to every agent in place; returns loss/token metrics."""
+    policies.ensure_optimizers()
+    adv = {(a["step"], a["turn"], a["node_id"], a["agent"], a["sample"]): a["advantage"] for a in advantage_rows}
+    metrics: dict[str, float] = {}
+    for agent in range(policies.n):
+        model, opt, tok = policies.models[agent], policies.optimizers[agent], policies.tokenizers[agent]
+        rng = random.Random(derive_seed(seed, step, agent, "shuffle"))
+        losses, tokens = [], 0
+        model.train()
+        for turn, samples in sorted(_node_samples(rollouts, adv, agent).items()):
+            rng.shuffle(samples)
+            for b in range(0, len(samples), batch_size):
+                mb = samples[b:b + batch_size]
+                opt.zero_grad(set_to_none=True)
+                loss, ntok = policy_loss(model, mb, tok.pad_token_id)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"non-finite policy loss ({loss.item()}) for agent {agent} at update "
+                                             f"{step}, turn {turn + 1}; lower agent_learning_rate or check rewards")
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+                tokens += ntok
+        model.eval()
+        metrics[f"agent_{agent}/policy_loss"] = sum(losses) / max(1, len(losses))
+        metrics[f"agent_{agent}/train_tokens"] = float(tokens)
+    return metrics
