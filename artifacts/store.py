@@ -212,6 +212,16 @@ class ArtifactStore:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
+    def remove(self, kind: str, key: str) -> bool:
+        """Delete one artifact (renamed away first, so readers never see half of it); True if it existed."""
+        final = self.path(kind, key)
+        if not final.exists():
+            return False
+        trash = final.parent / f".tmp-del-{key}-{uuid.uuid4().hex[:8]}"
+        os.replace(final, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        return True
+
     def clean_temp(self) -> int:
         """Remove temp dirs left by killed processes; returns how many were removed."""
         n = 0

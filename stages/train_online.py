@@ -341,6 +341,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
         bar.close()
     # --- checkpoint + segment manifest
     t0 = time.perf_counter()
+    state["segment_keys"] = segment_end_keys(ctx)[:seg_index + 1]
     pol.state = state
     ckpt_key = policy_key  # a checkpoint is stored under the key of the policy version it holds
     from stages.models import save_checkpoint

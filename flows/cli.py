@@ -1,0 +1,195 @@
+"""The `coopflow` command line.
+
+    coopflow run train-magrpo --config configs/magrpo-story.yaml [--set trainer.num_train_epochs=1 ...]
+                 [--summary-json out.json] [--stages train evaluate] [--refresh evaluate] [--rescore-from KEY]
+    coopflow validate --config FILE [--set ...]      # check a config without loading anything
+    coopflow tiny-model DIR [--hidden 64 --layers 2]  # build the tiny local model
+    coopflow serve [--name local] [--cron '0 */6 * * *']   # local Prefect server (if needed) + deployments
+    coopflow flows                                    # list the flows
+
+`run` validates the config before importing Prefect or loading a model, then runs the flow on the
+embedded defaults (Prefect ephemeral server + MLflow, both on SQLite under $COOPFLOW_HOME).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+FLOW_NAMES = ("train-magrpo", "train-mareinforce", "train-marloo", "train-maremax")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="coopflow", description="Cooperative multi-LLM RL as Prefect flows.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a training flow locally")
+    r.add_argument("flow", choices=FLOW_NAMES)
+    r.add_argument("--config", help="YAML or JSON run config")
+    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field by dotted path (repeatable)")
+    r.add_argument("--summary-json", help="write the run summary to this JSON file")
+    r.add_argument("--stages", nargs="+", help="run only these stages (taskset train evaluate score)")
+    r.add_argument("--refresh", nargs="+", default=[], help="recompute these stages even if cached (evaluate)")
+    r.add_argument("--rescore-from", help="run_key of an earlier run whose stored rollouts 'score' re-scores")
+    r.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    v = sub.add_parser("validate", help="validate a config (no model is loaded)")
+    v.add_argument("--config")
+    v.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    v.add_argument("--algorithm", default=None)
+    t = sub.add_parser("tiny-model", help="build the tiny local causal LM (Qwen2 + local BPE tokenizer)")
+    t.add_argument("dir")
+    t.add_argument("--hidden", type=int, default=64)
+    t.add_argument("--layers", type=int, default=2)
+    t.add_argument("--seed", type=int, default=0)
+    s = sub.add_parser("serve", help="serve the flows as deployments '<flow>/<name>' on a local Prefect server")
+    s.add_argument("--name", default="local", help="deployment name (default: local)")
+    s.add_argument("--cron", help="schedule every deployment with this cron string")
+    s.add_argument("--interval", type=float, help="schedule every deployment every N seconds")
+    s.add_argument("--config", help="default config_path parameter of the deployments")
+    s.add_argument("--port", type=int, default=4200)
+    sub.add_parser("flows", help="list the flows")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"run": _run, "validate": _validate, "tiny-model": _tiny, "serve": _serve,
+                "flows": _flows}[args.cmd](args)
+    except KeyboardInterrupt:
+        print("interrupted; completed segments are checkpointed, rerun the same command to resume",
+              file=sys.stderr)
+        return 130
+
+
+def _load(args, algorithm: str | None):
+    from schemas.config import ConfigError, load_config
+
+    try:
+        return load_config(args.config, args.overrides, algorithm=algorithm)
+    except ConfigError as err:
+        print(f"coopflow: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _validate(args) -> int:
+    cfg = _load(args, args.algorithm)
+    print(json.dumps(cfg.model_dump(mode="json"), indent=1))
+    print("config OK", file=sys.stderr)
+    return 0
+
+
+def _flows(args) -> int:
+    for f in FLOW_NAMES:
+        print(f)
+    return 0
+
+
+def _tiny(args) -> int:
+    from stages.models import build_tiny_model
+
+    out = build_tiny_model(args.dir, args.hidden, args.layers, args.seed)
+    print(out)
+    return 0
+
+
+def _run(args) -> int:
+    algorithm = args.flow.removeprefix("train-")
+    cfg = _load(args, algorithm)  # fails fast, before Prefect or any model loads
+    from flows.env import configure
+
+    configure(cfg.data_dir)
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    from flows.train import FLOWS
+    from schemas.config import ConfigError
+
+    config_path = str(Path(args.config).resolve()) if args.config else None
+    t0 = time.time()
+    try:
+        # No heartbeat thread: it adds ~1.1 s to every flow run and only serves crash detection
+        # of runs executed by workers, which a foreground CLI run does not need.
+        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            summary = FLOWS[args.flow](config_path=config_path, overrides=args.overrides or None,
+                                       stages=args.stages, refresh=args.refresh or None,
+                                       rescore_from=args.rescore_from, show_progress=not args.no_progress)
+    except ConfigError as err:
+        print(f"coopflow: {err}", file=sys.stderr)
+        return 2
+    summary["wall_seconds"] = time.time() - t0
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps(summary, indent=1, default=str))
+    _print_summary(summary)
+    return 0
+
+
+def _fmt(v) -> str:
+    return f"{v:.4f}" if isinstance(v, float) else str(v)
+
+
+def _print_summary(s: dict) -> None:
+    print("\n== coopflow run summary ==")
+    for k in ("algorithm", "env_steps", "reward_first", "reward_last", "train_seconds", "env_steps_per_s",
+              "wall_seconds", "mlflow_run_id", "run_key", "checkpoint", "executed"):
+        if k in s:
+            print(f"{k:>16}: {_fmt(s[k])}")
+    for k, v in (s.get("eval") or {}).items():
+        print(f"{k:>16}: {_fmt(v)}")
+    if "rescore" in s:
+        print(f"{'rescore':>16}: {s['rescore']}")
+
+
+# --- serve ---------------------------------------------------------------------------------------
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def ensure_server(port: int = 4200, timeout: float = 180) -> str:
+    """PREFECT_API_URL if set, else a local `prefect server start` (started if not already up)."""
+    url = os.environ.get("PREFECT_API_URL")
+    if url:
+        return url
+    url = f"http://127.0.0.1:{port}/api"
+    if not _healthy(url):
+        home = Path(os.environ["PREFECT_HOME"])
+        home.mkdir(parents=True, exist_ok=True)
+        log = open(home / "server.log", "ab")
+        print(f"starting a local Prefect server on 127.0.0.1:{port} (log: {home / 'server.log'})", file=sys.stderr)
+        subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                          "--port", str(port), "--no-ui"], stdout=log, stderr=log, start_new_session=True)
+        t0 = time.time()
+        while not _healthy(url):
+            if time.time() - t0 > timeout:
+                raise RuntimeError(f"Prefect server did not become healthy in {timeout:.0f} s; see {home / 'server.log'}")
+            time.sleep(1)
+    os.environ["PREFECT_API_URL"] = url
+    return url
+
+
+def _serve(args) -> int:
+    from flows.env import configure
+
+    configure()
+    url = ensure_server(args.port)
+    from flows.serve import serve_all
+
+    print(f"serving deployments on {url}; in another shell:\n"
+          f"  export PREFECT_API_URL={url}\n"
+          f"  prefect deployment run 'train-magrpo/{args.name}' --params '{{\"config_path\": \"...\"}}' --watch",
+          file=sys.stderr)
+    serve_all(args.name, cron=args.cron, interval=args.interval, config_path=args.config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

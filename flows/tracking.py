@@ -1,0 +1,137 @@
+"""MLflow tracking for flow runs: one MLflow run per flow run, always addressed by explicit run_id.
+
+What a run holds:
+- params: the full resolved config, flattened to dotted keys;
+- metrics keyed by `env_step` with the reference's names (`turn_1/reward_mean`,
+  `turn_1/expected_return`, `eval/turn_1/...`) plus `timing/*` per stage and tokens/s;
+- artifacts: `reward_curve.png`, `rollout_samples.json`, `lineage.json`, `summary.json`, `config.json`;
+- lineage: a tag `lineage.<role>` = `<kind>/<key>@<sha256>` for each main input/output artifact,
+  the taskset as an MLflow dataset input whose digest is the artifact's sha256, and every artifact
+  of the run (rollouts, scores, advantages, checkpoints, eval) in `lineage.json`.
+"""
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from artifacts import ArtifactRef
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+class Tracker:
+    """A thin MLflow client wrapper; a disabled tracker accepts every call and does nothing."""
+
+    def __init__(self, tracking_uri: str | None, experiment: str, enabled: bool = True):
+        self.enabled = enabled
+        self.run_id: str | None = None
+        self.lineage: list[dict] = []
+        if not enabled:
+            return
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+
+    def start(self, run_name: str, tags: dict[str, str], params: dict[str, Any], run_id: str | None = None) -> str | None:
+        """Create (or reopen) the run and log the params."""
+        if not self.enabled:
+            return None
+        if run_id:
+            self.client.update_run(run_id, status="RUNNING")
+            self.run_id = run_id
+            return run_id
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        self.run_id = run.info.run_id
+        from mlflow.entities import Param
+
+        items = [Param(k, json.dumps(v) if isinstance(v, (list, dict)) else str(v))
+                 for k, v in sorted(flatten(params).items())]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=[Param(p.key, p.value[:6000]) for p in items[i:i + 100]])
+        return self.run_id
+
+    def log_metrics(self, rows: list[dict]) -> None:
+        """Log metric rows {key, value, env_step} in batches."""
+        if not self.enabled or not rows:
+            return
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        ms = [Metric(r["key"], float(r["value"]), ts, int(r["env_step"])) for r in rows]
+        for i in range(0, len(ms), 1000):
+            self.client.log_batch(self.run_id, metrics=ms[i:i + 1000])
+
+    def tag(self, tags: dict[str, str]) -> None:
+        if not self.enabled:
+            return
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+
+    def record(self, role: str, ref: ArtifactRef, tag: bool = False) -> None:
+        """Remember an artifact for lineage (and tag it when it is a main input/output)."""
+        self.lineage.append({"role": role, "kind": ref.kind, "key": ref.key, "sha256": ref.sha256, "uri": ref.uri})
+        if tag:
+            self.tag({f"lineage.{role}": f"{ref.kind}/{ref.key}@{ref.sha256}"})
+
+    def log_dataset(self, name: str, ref: ArtifactRef, context: str = "training") -> None:
+        """The taskset as an MLflow dataset input; its digest is the artifact's sha256."""
+        if not self.enabled:
+            return
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        ds = Dataset(name=name, digest=ref.sha256[:36], source_type="local", source=json.dumps({"uri": ref.uri}))
+        self.client.log_inputs(self.run_id, datasets=[DatasetInput(ds, tags=[InputTag("mlflow.data.context", context)])])
+
+    def log_files(self, files: dict[str, Any]) -> None:
+        """Write JSON/bytes/figure payloads to temp files and log them as run artifacts."""
+        if not self.enabled:
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, payload in files.items():
+                p = Path(tmp) / name
+                if isinstance(payload, bytes):
+                    p.write_bytes(payload)
+                else:
+                    p.write_text(json.dumps(payload, indent=1, default=str))
+                self.client.log_artifact(self.run_id, str(p))
+
+    def finish(self, ok: bool) -> None:
+        if self.enabled and self.run_id:
+            self.client.set_terminated(self.run_id, status="FINISHED" if ok else "FAILED")
+
+
+def reward_curve_png(env_steps: list[int], rewards: list[float], title: str) -> bytes:
+    """A small PNG of the training reward curve (matplotlib, Agg backend)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
+    ax.plot(env_steps, rewards, marker=".", linewidth=1)
+    ax.set_xlabel("env_step")
+    ax.set_ylabel("turn_1/reward_mean")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()

@@ -1,0 +1,301 @@
+"""Prefect flows of the MAGRPO family: train-magrpo, train-mareinforce, train-marloo, train-maremax.
+
+The four flows are one graph with a different default advantage mode:
+
+    build-taskset → prepare-agents → train-segment ×S → evaluate      (and optionally rescore)
+
+Each box is a Prefect task wrapping a plain stage from `stages/`. Tasks run at *segment*
+granularity (a checkpointed run of updates, default one epoch), not per update: Prefect costs
+~25 ms of CPU per task run on this class of machine, so per-update tasks would cost more than the
+10 % overhead budget; inside a segment the stages are plain calls that still write their Parquet
+artifacts per update.
+
+Caching is the artifact store's: every key is input-addressed and computable before running, so a
+task whose output already exists returns its ref without loading a model. Prefect's own result
+cache is off (NO_CACHE): a stale Prefect cache entry could point at a deleted artifact.
+
+No `from __future__ import annotations` here: it breaks Prefect's parameter schema for deployments.
+"""
+
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.utilities.annotations import quote
+
+from artifacts import ArtifactError, ArtifactRef, ArtifactStore
+from flows.tracking import Tracker, reward_curve_png
+from schemas.config import ConfigError, RunConfig, load_config
+from stages import train_online as T
+from stages.build_taskset import build_taskset
+from stages.score_rewards import score_rewards
+
+STAGES = ("taskset", "train", "evaluate", "score")
+"""Stages a flow run can be limited to with `stages=[...]`; 'score' re-scores stored rollouts."""
+
+
+def _no_retry_on_bad_input(task, task_run, state) -> bool:
+    """Retry a segment only for errors that a retry can fix (not bad config/numerics/corruption)."""
+    try:
+        state.result()
+    except (ValueError, FloatingPointError, ArtifactError, ConfigError, FileNotFoundError, TypeError):
+        return False
+    except Exception:
+        return True
+    return False
+
+
+# --- tasks ---------------------------------------------------------------------------------------
+
+
+@task(name="build-taskset", cache_policy=NO_CACHE)
+def build_taskset_task(cfg: RunConfig, store: ArtifactStore) -> ArtifactRef:
+    """Build or reuse the taskset artifact."""
+    return build_taskset(cfg.taskset, store)
+
+
+@task(name="prepare-agents", cache_policy=NO_CACHE)
+def prepare_agents_task(cfg: RunConfig, store: ArtifactStore) -> tuple[list[str], dict]:
+    """Resolve agent sources (building the tiny model artifact when asked)."""
+    return T.resolve_sources(cfg, store)
+
+
+@task(name="train-segment", task_run_name="train-segment-{index}", cache_policy=NO_CACHE, retries=1,
+      retry_delay_seconds=2, retry_condition_fn=_no_retry_on_bad_input)
+def train_segment_task(ctx: T.RunContext, index: int, start: ArtifactRef | None, start_key: str,
+                       end_key: str, show_progress: bool) -> dict:
+    """Train one segment, or return its stored checkpoint/steps/metrics when already done."""
+    store = ctx.store
+    done = [store.find(kind, end_key) for kind in ("checkpoint", "steps", "metrics")]
+    if all(done):
+        get_run_logger().info("segment %d cached: checkpoint %s", index, end_key)
+        return {"checkpoint": done[0], "steps": done[1], "metrics": done[2], "executed": {}, "cached": True}
+    res = T.train_segment(ctx, index, start, start_key, show_progress=show_progress)
+    if res.checkpoint.key != end_key:
+        raise RuntimeError(f"segment {index} produced policy {res.checkpoint.key}, planned {end_key}")
+    return {"checkpoint": res.checkpoint, "steps": res.steps, "metrics": res.metrics,
+            "executed": res.executed, "cached": False}
+
+
+@task(name="evaluate", cache_policy=NO_CACHE, retries=1, retry_condition_fn=_no_retry_on_bad_input)
+def evaluate_task(ctx: T.RunContext, ckpt: ArtifactRef, refresh: bool) -> tuple[ArtifactRef, dict]:
+    """Single-path evaluation of a checkpoint on the eval split."""
+    if refresh:
+        ctx.store.remove("eval", T.eval_key(ctx, ckpt.key))
+    return T.evaluate_checkpoint(ctx, ckpt)
+
+
+@task(name="rescore", cache_policy=NO_CACHE)
+def rescore_task(ctx: T.RunContext, steps_refs: list[ArtifactRef]) -> list[dict]:
+    """Re-score stored rollouts with the configured reward; returns per-update metric rows."""
+    store, t = ctx.store, ctx.cfg.trainer
+    by_id = {it["_item_id"]: it for it in ctx.train_items}
+    out = []
+    for ref in steps_refs:
+        for step in store.read_rows(ref):
+            rollouts = store.read_rows(store.find("rollouts", step["rollouts"]) or _missing("rollouts", step))
+            base = step["env_step"] - len({(r["node_id"]) for r in rollouts}) * ctx.joint_actions_per_item()
+            key = T.key_for("scores", {"rollouts": step["rollouts"], "reward": ctx.reward_id,
+                                       "joint_mode": t.joint_mode, "env_step_base": base})
+            found = store.find("scores", key)
+            rows = store.read_rows(found) if found else score_rewards(rollouts, by_id, ctx.caller, ctx.processor,
+                                                                      t.joint_mode, base)
+            if not found:
+                store.put_table("scores", key, rows)
+                T.CALLS["score"] += 1
+            means = T._node_means(rows)
+            out.append({"key": "rescore/turn_1/reward_mean", "value": sum(means) / len(means),
+                        "env_step": step["env_step"]})
+    return out
+
+
+def _missing(kind: str, step: dict):
+    raise ArtifactError(f"stored {kind} of update {step['update']} ({step[kind]}) not found; cannot re-score")
+
+
+# --- the flow body -------------------------------------------------------------------------------
+
+
+def run_training(algorithm: str, config: dict | None = None, config_path: str | None = None,
+                 overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
+                 refresh: list[str] | None = None, rescore_from: str | None = None,
+                 show_progress: bool = False) -> dict:
+    """Validate the config, chain the stage tasks, track in MLflow; returns the run summary."""
+    cfg = load_config(config_path, overrides, algorithm=algorithm, base=config)
+    stages = list(stages or ["taskset", "train", "evaluate"])
+    refresh = list(refresh or [])
+    bad = [s for s in stages + refresh if s not in STAGES]
+    if bad:
+        raise ConfigError(f"unknown stage(s) {bad}; choose from {list(STAGES)}")
+    if "score" in stages and not rescore_from:
+        raise ConfigError("stages=['score'] re-scores the rollouts of an earlier run: pass rescore_from=<run_key>")
+    logger = get_run_logger()
+    data = cfg.resolved_data_dir()
+    store = ArtifactStore(data / "artifacts")
+    store.clean_temp()
+    calls0 = dict(T.CALLS)
+    tr = cfg.tracking
+    tracker = Tracker(tr.tracking_uri or f"sqlite:///{data / 'mlflow.db'}", tr.experiment, tr.enabled)
+
+    # --- plan (no model is loaded here)
+    taskset = build_taskset_task(cfg, quote(store))
+    sources, ident = prepare_agents_task(cfg, quote(store))
+    ctx = T.make_context(cfg, store, taskset, sources, ident)
+    ends = T.segment_end_keys(ctx)
+    run_key = ends[-1]
+    try:
+        from prefect.runtime import flow_run
+        prefect_tags = {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": str(flow_run.name)}
+    except Exception:  # pragma: no cover - outside a flow run
+        prefect_tags = {}
+    run_id = tracker.start(tr.run_name or f"{algorithm}-{run_key[:8]}",
+                           {"coopflow.algorithm": algorithm, "coopflow.run_key": run_key, **prefect_tags},
+                           cfg.model_dump(mode="json"))
+    logger.info("%s: %d updates in %d segment(s), run_key %s, mlflow run %s", algorithm, len(ctx.updates),
+                len(ctx.segments), run_key, run_id)
+    ok = False
+    try:
+        tracker.record("taskset", taskset, tag=True)
+        tracker.log_dataset(f"taskset-{cfg.taskset.name}", taskset)
+        summary: dict[str, Any] = {"algorithm": algorithm, "run_key": run_key, "mlflow_run_id": run_id}
+
+        # --- train (segment by segment; cached segments return their stored refs)
+        t0 = time.perf_counter()
+        ckpt, key, steps_refs, steps_rows, cached = None, ctx.start_key, [], [], []
+        if "train" in stages:
+            if "train" in refresh:
+                raise ConfigError("refresh=['train'] is not supported: training artifacts are input-addressed and "
+                                  "never stale; change the seed or config to train anew")
+            for i, end in enumerate(ends):
+                res = train_segment_task(quote(ctx), i, ckpt, key, end, show_progress)
+                ckpt, key = res["checkpoint"], end
+                steps_refs.append(res["steps"])
+                cached.append(res["cached"])
+                tracker.log_metrics(store.read_rows(res["metrics"]))
+                tracker.record(f"checkpoint.segment_{i}", ckpt)
+        else:
+            ckpt = store.find("checkpoint", run_key)
+            if ckpt is None:
+                raise ConfigError("no trained checkpoint for this config yet: run the 'train' stage first")
+            steps_refs = [store.find("steps", k) for k in ends]
+        train_s = time.perf_counter() - t0
+        for ref in steps_refs:
+            if ref is not None:
+                tracker.record("steps", ref)
+                rows = store.read_rows(ref)
+                steps_rows += rows
+                for r in rows:
+                    for kind in ("rollouts", "scores", "advantages"):
+                        found = store.find(kind, r[kind])
+                        if found:
+                            tracker.record(kind, found)
+        tracker.record("checkpoint.final", ckpt, tag=True)
+        rewards = [r["reward_mean"] for r in steps_rows]
+        first, last = T.first_last_fifth(rewards)
+        env_steps = steps_rows[-1]["env_step"] if steps_rows else 0
+        summary.update(env_steps=env_steps, reward_first=first, reward_last=last, train_seconds=train_s,
+                       env_steps_per_s=(env_steps / train_s) if train_s > 0 and not all(cached) else None,
+                       checkpoint=str(store.open_dir(ckpt)), segments_cached=cached)
+
+        # --- evaluate
+        if "evaluate" in stages:
+            ev_ref, ev = evaluate_task(quote(ctx), ckpt, "evaluate" in refresh)
+            tracker.record("eval", ev_ref, tag=True)
+            tracker.log_metrics([{"key": k, "value": v, "env_step": env_steps} for k, v in ev.items()])
+            summary["eval"] = ev
+
+        # --- re-score stored rollouts of an earlier run with this config's reward
+        if "score" in stages:
+            src = [store.find("steps", k) for k in _segment_keys_of(store, rescore_from)]
+            rows = rescore_task(quote(ctx), src)
+            tracker.log_metrics(rows)
+            vals = [r["value"] for r in rows]
+            summary["rescore"] = dict(zip(("reward_first", "reward_last"), T.first_last_fifth(vals)),
+                                      updates=len(vals), source_run_key=rescore_from)
+
+        summary["executed"] = {k: v - calls0.get(k, 0) for k, v in T.CALLS.items() if v - calls0.get(k, 0)}
+        _log_run_files(tracker, store, cfg, summary, steps_rows)
+        tracker.log_metrics([{"key": "final_model_saved", "value": 1.0, "env_step": env_steps}])
+        ok = True
+        return summary
+    finally:
+        tracker.finish(ok)
+
+
+def _segment_keys_of(store: ArtifactStore, run_key: str) -> list[str]:
+    """Segment end keys of an earlier run, read from its final checkpoint's trainer state."""
+    ck = store.find("checkpoint", run_key)
+    if ck is None:
+        raise ConfigError(f"rescore_from={run_key!r}: no such run (no checkpoint with that run_key in {store.root})")
+    import json
+
+    state = json.loads((store.open_dir(ck) / "trainer_state.json").read_text())
+    return state.get("segment_keys", [run_key])
+
+
+def _log_run_files(tracker: Tracker, store: ArtifactStore, cfg: RunConfig, summary: dict, steps: list[dict]) -> None:
+    if not tracker.enabled:
+        return
+    files: dict[str, Any] = {"summary.json": summary, "config.json": cfg.model_dump(mode="json"),
+                             "lineage.json": tracker.lineage}
+    if steps:
+        files["reward_curve.png"] = reward_curve_png([s["env_step"] for s in steps], [s["reward_mean"] for s in steps],
+                                                     f"{cfg.algorithm} {summary['run_key'][:8]}")
+        last = store.find("rollouts", steps[-1]["rollouts"])
+        if last is not None and cfg.tracking.sample_rollouts:
+            keep = ("item_id", "agent", "sample", "prompt", "completion_text", "length", "finished")
+            files["rollout_samples.json"] = [{k: r[k] for k in keep}
+                                             for r in store.read_rows(last)[:cfg.tracking.sample_rollouts]]
+    tracker.log_files(files)
+
+
+# --- the four flows (same graph, different default advantage mode) -----------------------------
+
+
+def _run_name() -> str:
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters or {}
+    src = p.get("config_path") or "inline-config"
+    return f"{flow_run.flow_name}: {src}"
+
+
+@flow(name="train-magrpo", flow_run_name=_run_name, log_prints=True)
+def train_magrpo(config: dict | None = None, config_path: str | None = None,
+                 overrides: dict[str, Any] | None = None, stages: list[str] | None = None,
+                 refresh: list[str] | None = None, rescore_from: str | None = None,
+                 show_progress: bool = False) -> dict:
+    """MAGRPO: group-mean baseline."""
+    return run_training("magrpo", config, config_path, overrides, stages, refresh, rescore_from, show_progress)
+
+
+@flow(name="train-mareinforce", flow_run_name=_run_name, log_prints=True)
+def train_mareinforce(config: dict | None = None, config_path: str | None = None,
+                      overrides: dict[str, Any] | None = None, stages: list[str] | None = None,
+                      refresh: list[str] | None = None, rescore_from: str | None = None,
+                      show_progress: bool = False) -> dict:
+    """MAREINFORCE: no baseline (advantage = return)."""
+    return run_training("mareinforce", config, config_path, overrides, stages, refresh, rescore_from, show_progress)
+
+
+@flow(name="train-marloo", flow_run_name=_run_name, log_prints=True)
+def train_marloo(config: dict | None = None, config_path: str | None = None,
+                 overrides: dict[str, Any] | None = None, stages: list[str] | None = None,
+                 refresh: list[str] | None = None, rescore_from: str | None = None,
+                 show_progress: bool = False) -> dict:
+    """MARLOO: leave-one-out baseline."""
+    return run_training("marloo", config, config_path, overrides, stages, refresh, rescore_from, show_progress)
+
+
+@flow(name="train-maremax", flow_run_name=_run_name, log_prints=True)
+def train_maremax(config: dict | None = None, config_path: str | None = None,
+                  overrides: dict[str, Any] | None = None, stages: list[str] | None = None,
+                  refresh: list[str] | None = None, rescore_from: str | None = None,
+                  show_progress: bool = False) -> dict:
+    """MAReMax: group-max baseline."""
+    return run_training("maremax", config, config_path, overrides, stages, refresh, rescore_from, show_progress)
+
+
+FLOWS = {"train-magrpo": train_magrpo, "train-mareinforce": train_mareinforce,
+         "train-marloo": train_marloo, "train-maremax": train_maremax}
