@@ -66,16 +66,13 @@ def prepare_agents_task(cfg: RunConfig, store: ArtifactStore) -> tuple[list[str]
 def train_segment_task(ctx: T.RunContext, index: int, start: ArtifactRef | None, start_key: str,
                        end_key: str, show_progress: bool) -> dict:
     """Train one segment, or return its stored checkpoint/steps/metrics when already done."""
-    store = ctx.store
-    done = [store.find(kind, end_key) for kind in ("checkpoint", "steps", "metrics")]
-    if all(done):
-        get_run_logger().info("segment %d cached: checkpoint %s", index, end_key)
-        return {"checkpoint": done[0], "steps": done[1], "metrics": done[2], "executed": {}, "cached": True}
     res = T.train_segment(ctx, index, start, start_key, show_progress=show_progress)
+    if res.cached:
+        get_run_logger().info("segment %d cached: checkpoint %s", index, end_key)
     if res.checkpoint.key != end_key:
         raise RuntimeError(f"segment {index} produced policy {res.checkpoint.key}, planned {end_key}")
     return {"checkpoint": res.checkpoint, "steps": res.steps, "metrics": res.metrics,
-            "executed": res.executed, "cached": False}
+            "executed": res.executed, "cached": res.cached}
 
 
 @task(name="evaluate", cache_policy=NO_CACHE, retries=1, retry_condition_fn=_no_retry_on_bad_input)
@@ -174,7 +171,7 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
                 cached.append(res["cached"])
                 tracker.log_metrics(store.read_rows(res["metrics"]))
                 tracker.record(f"checkpoint.segment_{i}", ckpt)
-        else:
+        elif "evaluate" in stages:
             ckpt = store.find("checkpoint", run_key)
             if ckpt is None:
                 raise ConfigError("no trained checkpoint for this config yet: run the 'train' stage first")
@@ -190,13 +187,13 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
                         found = store.find(kind, r[kind])
                         if found:
                             tracker.record(kind, found)
-        tracker.record("checkpoint.final", ckpt, tag=True)
-        rewards = [r["reward_mean"] for r in steps_rows]
-        first, last = T.first_last_fifth(rewards)
         env_steps = steps_rows[-1]["env_step"] if steps_rows else 0
-        summary.update(env_steps=env_steps, reward_first=first, reward_last=last, train_seconds=train_s,
-                       env_steps_per_s=(env_steps / train_s) if train_s > 0 and not all(cached) else None,
-                       checkpoint=str(store.open_dir(ckpt)), segments_cached=cached)
+        if ckpt is not None:
+            tracker.record("checkpoint.final", ckpt, tag=True)
+            first, last = T.first_last_fifth([r["reward_mean"] for r in steps_rows])
+            summary.update(env_steps=env_steps, reward_first=first, reward_last=last, train_seconds=train_s,
+                           env_steps_per_s=(env_steps / train_s) if train_s > 0 and not all(cached) else None,
+                           checkpoint=str(store.open_dir(ckpt)), segments_cached=cached)
 
         # --- evaluate
         if "evaluate" in stages:

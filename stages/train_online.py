@@ -238,6 +238,7 @@ class SegmentResult:
     steps: ArtifactRef
     metrics: ArtifactRef
     executed: dict = field(default_factory=dict)
+    cached: bool = False
 
 
 def _node_means(scores: list[dict]) -> list[float]:
@@ -249,11 +250,18 @@ def _node_means(scores: list[dict]) -> list[float]:
 
 def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, start_key: str,
                   show_progress: bool = False) -> SegmentResult:
-    """Run (or replay) the updates of one segment and write its checkpoint, steps and metrics."""
+    """Run (or replay) the updates of one segment and write its checkpoint, steps and metrics.
+
+    A segment whose checkpoint, steps and metrics are all stored returns them without loading a model.
+    """
     from tqdm.auto import tqdm
 
     store, cfg, t = ctx.store, ctx.cfg, ctx.cfg.trainer
     seg = ctx.segments[seg_index]
+    end_key = segment_end_keys(ctx)[seg_index]
+    done = [store.find(kind, end_key) for kind in ("checkpoint", "steps", "metrics")]
+    if all(done):  # the whole segment is already stored: nothing to run
+        return SegmentResult(done[0], done[1], done[2], {}, cached=True)
     pol = acquire_policies(ctx, start, start_key)
     fmts = formatters_for(ctx, pol)
     state = dict(pol.state)

@@ -1,0 +1,16 @@
+"""Reward functions used by tests through the `module:function` import path."""
+
+import time
+
+from stages.rewards import length_ratio
+
+
+def slow_length_ratio(c1, c2):
+    """length_ratio, but slow enough that a test can kill the process mid-training."""
+    time.sleep(0.05)
+    return length_ratio(c1, c2)
+
+
+def loose_length_ratio(c1, c2):
+    """A different reward (ratio 1–1.5 is best) for re-scoring tests."""
+    return length_ratio(c1, c2, lo=1.0, hi=1.5)

@@ -1,0 +1,260 @@
+"""Artifact store: schema-checked tables, manifest-checked dirs, atomic writes, input-addressed keys."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from artifacts.store import ArtifactError, ArtifactRef, ArtifactStore, canonical_json, key_for, sha256_file
+from schemas.tables import SCHEMA_VERSION, TABLES, schema_for
+
+METRICS = [{"key": "reward/mean", "value": 0.5, "env_step": 8},
+           {"key": "reward/mean", "value": 0.75, "env_step": 16},
+           {"key": None, "value": -1.0, "env_step": 24}]
+
+ADV = [{"step": 0, "item_id": 3, "turn": 0, "node_id": 1, "agent": a, "sample": s, "return": float(a + s),
+        "advantage": float(s) - 0.5} for a in range(2) for s in range(2)]
+
+
+@pytest.fixture
+def store(tmp_path) -> ArtifactStore:
+    return ArtifactStore(tmp_path / "store")
+
+
+def _temp_dirs(store: ArtifactStore) -> list[Path]:
+    return [p for kind in store.root.iterdir() for p in kind.glob(".tmp-*")]
+
+
+def _flip_byte(path: Path, offset: int | None = None) -> None:
+    data = bytearray(path.read_bytes())
+    i = len(data) // 2 if offset is None else offset
+    data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+# --- tables ----------------------------------------------------------------------------------------
+
+
+def test_put_read_table_round_trip_from_rows(store):
+    ref = store.put_table("metrics", "k1", METRICS, meta={"run": "x"})
+    assert isinstance(ref, ArtifactRef)
+    assert (ref.kind, ref.key, ref.rows, ref.schema_version) == ("metrics", "k1", 3, SCHEMA_VERSION)
+    assert Path(ref.uri) == store.path("metrics", "k1")
+    assert ref.sha256 == sha256_file(Path(ref.uri) / "data.parquet")
+    table = store.read_table(ref)
+    assert table.schema.equals(schema_for("metrics"), check_metadata=False)
+    assert table.to_pylist() == METRICS
+    assert store.read_rows(ref) == METRICS
+    md = table.schema.metadata
+    assert md[b"coopflow_key"] == b"k1"
+    assert json.loads(md[b"coopflow_meta"]) == {"run": "x"}
+    assert md[b"artifact"] == b"metrics" and md[b"schema_version"] == SCHEMA_VERSION.encode()
+    assert store.find("metrics", "k1") == ref
+
+
+def test_put_table_from_arrow_table_reorders_and_casts(store):
+    # columns out of order and with wider/narrower types than declared: cast to the schema
+    t = pa.table({"advantage": [r["advantage"] for r in ADV], "return": [r["return"] for r in ADV],
+                  "sample": pa.array([r["sample"] for r in ADV], pa.int64()),
+                  "agent": pa.array([r["agent"] for r in ADV], pa.int64()),
+                  "node_id": [r["node_id"] for r in ADV], "turn": pa.array([0] * 4, pa.int64()),
+                  "item_id": pa.array([3] * 4, pa.int32()), "step": [0] * 4})
+    ref = store.put_table("advantages", "a1", t)
+    out = store.read_table(ref)
+    assert out.schema.equals(TABLES["advantages"], check_metadata=False)
+    assert out.column_names == TABLES["advantages"].names
+    assert out.to_pylist() == ADV
+
+
+def test_round_trip_list_columns(store):
+    rows = [{"step": 0, "item_id": 1, "turn": 0, "node_id": 0, "joint_idx": 0, "combo": [0, 1],
+             "reward_raw": 0.5, "reward": 50.0, "env_step": 1}]
+    ref = store.put_table("scores", "s1", rows)
+    assert store.read_rows(ref) == rows
+
+
+def test_wrong_columns_raise(store):
+    missing = pa.table({"key": ["a"], "value": [1.0]})
+    with pytest.raises(ArtifactError, match=r"missing \['env_step'\]"):
+        store.put_table("metrics", "bad1", missing)
+    extra = pa.table({"key": ["a"], "value": [1.0], "env_step": [1], "agent_0": [2.0]})
+    with pytest.raises(ArtifactError, match=r"unexpected \['agent_0'\]"):
+        store.put_table("metrics", "bad2", extra)
+    uncastable = pa.table({"key": ["a"], "value": ["not a number"], "env_step": [1]})
+    with pytest.raises(ArtifactError, match="cannot be cast"):
+        store.put_table("metrics", "bad3", uncastable)
+    for key in ("bad1", "bad2", "bad3"):
+        assert store.find("metrics", key) is None
+        assert not store.path("metrics", key).exists()
+
+
+def test_unknown_kind_raises(store):
+    with pytest.raises(KeyError, match="unknown artifact kind"):
+        store.put_table("nonsense", "k", METRICS)
+
+
+def test_corrupted_parquet_raises_naming_the_file(store):
+    ref = store.put_table("metrics", "k1", METRICS)
+    path = Path(ref.uri) / "data.parquet"
+    _flip_byte(path)
+    with pytest.raises(ArtifactError, match="corrupted") as err:
+        store.read_table(ref)
+    assert str(path) in str(err.value)
+
+
+def test_missing_parquet_raises(store):
+    ref = store.put_table("metrics", "k1", METRICS)
+    path = Path(ref.uri) / "data.parquet"
+    path.unlink()
+    with pytest.raises(ArtifactError, match="missing") as err:
+        store.read_table(ref)
+    assert str(path) in str(err.value)
+
+
+def test_schema_mismatch_on_read_raises(store):
+    ref = store.put_table("metrics", "k1", METRICS)
+    wrong = ArtifactRef(kind="eval", key=ref.key, uri=ref.uri, sha256=ref.sha256, rows=ref.rows)
+    with pytest.raises(ArtifactError, match="does not match the declared eval schema"):
+        store.read_table(wrong)
+
+
+def test_put_existing_key_returns_existing_ref_without_overwriting(store):
+    ref1 = store.put_table("metrics", "same", METRICS)
+    mtime = (Path(ref1.uri) / "data.parquet").stat().st_mtime_ns
+    ref2 = store.put_table("metrics", "same", METRICS[:1])
+    assert ref2 == ref1
+    assert ref2.rows == 3
+    assert store.read_rows(ref2) == METRICS
+    assert (Path(ref1.uri) / "data.parquet").stat().st_mtime_ns == mtime
+
+
+# --- directories -----------------------------------------------------------------------------------
+
+
+def _writer(d: Path) -> None:
+    (d / "config.json").write_text('{"a": 1}')
+    (d / "sub").mkdir()
+    (d / "sub" / "weights.bin").write_bytes(bytes(range(256)) * 4)
+
+
+def test_put_open_dir_with_manifest(store):
+    ref = store.put_dir("checkpoint", "c1", _writer)
+    assert ref.kind == "checkpoint" and ref.rows is None
+    root = store.open_dir(ref)
+    assert root == Path(ref.uri)
+    assert (root / "config.json").read_text() == '{"a": 1}'
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert manifest["kind"] == "checkpoint" and manifest["key"] == "c1"
+    assert manifest["files"] == {"config.json": sha256_file(root / "config.json"),
+                                 "sub/weights.bin": sha256_file(root / "sub" / "weights.bin")}
+    assert ref.sha256 == sha256_file(root / "manifest.json")
+
+
+def test_corrupted_dir_file_raises_naming_it(store):
+    ref = store.put_dir("checkpoint", "c1", _writer)
+    bad = Path(ref.uri) / "sub" / "weights.bin"
+    _flip_byte(bad, 10)
+    with pytest.raises(ArtifactError, match="corrupted") as err:
+        store.open_dir(ref)
+    assert str(bad) in str(err.value)
+
+
+def test_missing_dir_file_raises_naming_it(store):
+    ref = store.put_dir("checkpoint", "c1", _writer)
+    gone = Path(ref.uri) / "config.json"
+    gone.unlink()
+    with pytest.raises(ArtifactError, match="missing") as err:
+        store.open_dir(ref)
+    assert str(gone) in str(err.value)
+
+
+def test_corrupted_manifest_raises(store):
+    ref = store.put_dir("checkpoint", "c1", _writer)
+    m = Path(ref.uri) / "manifest.json"
+    m.write_text(m.read_text().replace('"c1"', '"c2"'))
+    with pytest.raises(ArtifactError, match="manifest"):
+        store.open_dir(ref)
+
+
+def test_put_dir_existing_key_does_not_call_writer(store):
+    ref1 = store.put_dir("checkpoint", "c1", _writer)
+    called = []
+    ref2 = store.put_dir("checkpoint", "c1", lambda d: called.append(d))
+    assert ref2 == ref1 and called == []
+    assert store.open_dir(ref2) == Path(ref1.uri)
+
+
+def test_failing_writer_leaves_nothing(store):
+    def writer(d: Path) -> None:
+        (d / "half.bin").write_bytes(b"x" * 100)
+        raise RuntimeError("writer died")
+
+    with pytest.raises(RuntimeError, match="writer died"):
+        store.put_dir("checkpoint", "c1", writer)
+    assert store.find("checkpoint", "c1") is None
+    assert not store.path("checkpoint", "c1").exists()
+    assert _temp_dirs(store) == []
+    # and the key can still be written afterwards
+    assert store.open_dir(store.put_dir("checkpoint", "c1", _writer)).is_dir()
+
+
+def test_json_round_trip(store):
+    ref = store.put_json("model", "j1", {"b": [1, 2], "a": "x"})
+    assert store.read_json(ref) == {"a": "x", "b": [1, 2]}
+
+
+def test_stale_incomplete_dir_is_replaced(store):
+    stale = store.path("checkpoint", "c1")
+    stale.mkdir(parents=True)
+    (stale / "junk").write_text("half written, no ref.json")
+    assert store.find("checkpoint", "c1") is None
+    ref = store.put_dir("checkpoint", "c1", _writer)
+    root = store.open_dir(ref)
+    assert not (root / "junk").exists()
+
+
+# --- keys, remove ----------------------------------------------------------------------------------
+
+
+def test_key_for_stable_and_order_insensitive():
+    k = key_for("rollouts", {"a": 1, "b": {"x": [1, 2], "y": None}})
+    assert len(k) == 24 and all(c in "0123456789abcdef" for c in k)
+    assert k == key_for("rollouts", {"b": {"y": None, "x": [1, 2]}, "a": 1})
+    payload = json.dumps({"kind": "rollouts", "schema_version": SCHEMA_VERSION,
+                          "inputs": {"a": 1, "b": {"x": [1, 2], "y": None}}}, sort_keys=True, separators=(",", ":"))
+    assert k == hashlib.sha256(payload.encode()).hexdigest()[:24]
+    assert k != key_for("scores", {"a": 1, "b": {"x": [1, 2], "y": None}})
+    assert k != key_for("rollouts", {"a": 2, "b": {"x": [1, 2], "y": None}})
+    assert k != key_for("rollouts", {"a": 1, "b": {"x": [2, 1], "y": None}})  # lists keep order
+
+
+def test_key_for_paths_and_models():
+    assert key_for("k", {"p": Path("/a/b")}) == key_for("k", {"p": "/a/b"})
+    ref = ArtifactRef(kind="metrics", key="x", uri="/u", sha256="0" * 64, rows=1)
+    assert key_for("k", {"r": ref}) == key_for("k", {"r": ref.model_dump(mode="json")})
+    with pytest.raises(TypeError, match="cannot hash"):
+        key_for("k", {"o": object()})
+    assert canonical_json({"b": 1, "a": 2}) == '{"a":2,"b":1}'
+
+
+def test_remove(store):
+    ref = store.put_table("metrics", "k1", METRICS)
+    assert store.remove("metrics", "k1") is True
+    assert store.find("metrics", "k1") is None
+    assert not Path(ref.uri).exists()
+    assert _temp_dirs(store) == []
+    assert store.remove("metrics", "k1") is False
+    # the key can be written again with new content
+    ref2 = store.put_table("metrics", "k1", METRICS[:1])
+    assert store.read_rows(ref2) == METRICS[:1]
+
+
+def test_clean_temp(store):
+    store.put_table("metrics", "k1", METRICS)
+    (store.root / "metrics" / ".tmp-k2-deadbeef").mkdir()
+    (store.root / "metrics" / ".tmp-k2-deadbeef" / "data.parquet").write_bytes(b"partial")
+    assert store.clean_temp() == 1
+    assert _temp_dirs(store) == []
+    assert store.find("metrics", "k1") is not None

@@ -1,0 +1,318 @@
+"""Run config: the reference's MAGRPOConfig defaults and checks (spec §6.1), loading and overrides."""
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from schemas.config import (ALGORITHM_ADVANTAGE, ConfigError, MAGRPOConfig, RunConfig, apply_overrides, load_config,
+                            read_config_file, validate_config)
+
+SINGLE_TURN = {"trainer": {"num_turns": 1}}
+
+
+def _cfg(**trainer) -> dict:
+    """A minimal valid config dict (single turn) with extra trainer fields."""
+    return {"trainer": {"num_turns": 1, **trainer}}
+
+
+# --- defaults --------------------------------------------------------------------------------------
+
+
+def test_trainer_defaults_match_reference():
+    t = MAGRPOConfig()
+    expected = {
+        "num_train_epochs": 20, "agent_learning_rate": 5e-6, "logging_steps": 50, "parallel_training": "none",
+        "agent_devices": None, "num_generations": 4, "max_new_tokens": 256, "temperature": 0.6, "top_p": 0.6,
+        "top_k": 50, "num_turns": 2, "discount": 1.0, "joint_mode": "aligned", "early_termination_threshold": -0.2,
+        "external_prompt_passthrough": False, "eval_interval": 16, "eval_num_samples": 4, "eval_batch_size": 1,
+        "rollout_buffer_size": 2, "train_batch_size": None, "advantage_normalization": True,
+        "reference_kl_enabled": False, "reference_kl_coef": 0.1, "reference_devices": None,
+    }
+    got = t.model_dump()
+    for name, value in expected.items():
+        assert got[name] == value, name
+    assert t.batch_size == t.rollout_buffer_size == 2  # train_batch_size None -> rollout_buffer_size
+
+
+def test_train_batch_size_resolution():
+    assert MAGRPOConfig(rollout_buffer_size=6).batch_size == 6
+    assert MAGRPOConfig(rollout_buffer_size=6, train_batch_size=3).batch_size == 3
+
+
+def test_run_config_defaults():
+    cfg = validate_config(SINGLE_TURN)
+    assert cfg.algorithm == "magrpo"
+    assert cfg.advantage_mode == "mean"
+    assert cfg.agents.n == 2  # the reference's default num_agents
+    assert cfg.agents.sources() == ["tiny", "tiny"]
+    assert cfg.trainer.num_generations == 4
+    assert cfg.reward.name == "length_ratio"
+    assert cfg.seed == 0
+
+
+# --- trainer checks --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 0, -3])
+def test_num_generations_below_two_rejected(k):
+    with pytest.raises(ConfigError, match=r"trainer\.num_generations"):
+        validate_config(_cfg(num_generations=k))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("num_train_epochs", 0), ("logging_steps", 0), ("agent_learning_rate", 0.0), ("top_p", 1.5),
+    ("temperature", 0.0), ("rollout_buffer_size", 0), ("train_batch_size", 0), ("eval_interval", -1),
+    ("reference_kl_coef", -0.1), ("eval_batch_size", 0), ("num_turns", 0),
+])
+def test_trainer_bounds_rejected_naming_field(field, value):
+    with pytest.raises(ConfigError, match=rf"trainer\.{field}"):
+        validate_config(_cfg(**{field: value}))
+
+
+@pytest.mark.parametrize("given, resolved", [
+    ("aligned", "aligned"), ("align", "aligned"), ("cross", "cross"), ("crossed", "cross"), ("CROSSED", "cross"),
+])
+def test_joint_mode_aliases(given, resolved):
+    assert validate_config(_cfg(joint_mode=given)).trainer.joint_mode == resolved
+
+
+def test_bad_joint_mode_rejected():
+    with pytest.raises(ConfigError, match=r"trainer\.joint_mode"):
+        validate_config(_cfg(joint_mode="diagonal"))
+
+
+@pytest.mark.parametrize("mode", ["mean", "raw", "max", "rloo"])
+def test_advantage_modes_accepted(mode):
+    cfg = validate_config(_cfg(advantage_mode=mode))
+    assert cfg.advantage_mode == mode
+
+
+@pytest.mark.parametrize("mode", ["median", "MEAN", "grpo"])
+def test_bad_advantage_mode_rejected(mode):
+    with pytest.raises(ConfigError, match=r"trainer\.advantage_mode"):
+        validate_config(_cfg(advantage_mode=mode))
+
+
+@pytest.mark.parametrize("value", ["auto", "invalid", "ddp"])
+def test_parallel_training_bad_values_rejected(value):
+    with pytest.raises(ValidationError, match="parallel_training"):
+        MAGRPOConfig(parallel_training=value)
+    with pytest.raises(ConfigError, match=r"trainer\.parallel_training"):
+        validate_config(_cfg(parallel_training=value))
+
+
+@pytest.mark.parametrize("value", ["null", "None", "none", None])
+def test_parallel_training_null_becomes_none(value):
+    assert MAGRPOConfig(parallel_training=value).parallel_training == "none"
+    assert validate_config(_cfg(parallel_training=value)).trainer.parallel_training == "none"
+
+
+def test_mp_requires_agent_devices():
+    with pytest.raises(ValidationError, match="agent_devices"):
+        MAGRPOConfig(parallel_training="mp")
+    assert MAGRPOConfig(parallel_training="mp", agent_devices=["cuda:0", "cuda:1"]).parallel_training == "mp"
+    with pytest.raises(ConfigError, match="agent_devices"):
+        validate_config(_cfg(parallel_training="mp"))
+
+
+def test_mp_with_devices_not_supported_by_run_config():
+    with pytest.raises(ConfigError, match="parallel_training"):
+        validate_config(_cfg(parallel_training="mp", agent_devices="cuda:0"))
+
+
+def test_multi_turn_rejected_by_run_config():
+    with pytest.raises(ConfigError, match=r"trainer\.num_turns"):
+        validate_config({"trainer": {"num_turns": 2}})
+
+
+def test_reference_kl_rejected_by_run_config():
+    with pytest.raises(ConfigError, match="reference_kl_enabled"):
+        validate_config(_cfg(reference_kl_enabled=True))
+
+
+def test_top_k_null_allowed():
+    assert validate_config(_cfg(top_k=None)).trainer.top_k is None
+
+
+# --- unknown keys ----------------------------------------------------------------------------------
+
+
+def test_unknown_trainer_key_named():
+    with pytest.raises(ConfigError, match=r"trainer\.learning_rate"):
+        validate_config(_cfg(learning_rate=1e-3))
+
+
+def test_unknown_top_level_key_named():
+    with pytest.raises(ConfigError, match="bogus_section"):
+        validate_config({**SINGLE_TURN, "bogus_section": 1})
+
+
+def test_unknown_agents_key_named():
+    with pytest.raises(ConfigError, match=r"agents\.model_name"):
+        validate_config({**SINGLE_TURN, "agents": {"agent_model": "tiny", "model_name": "x"}})
+
+
+# --- algorithms ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm, mode", [
+    ("magrpo", "mean"), ("mareinforce", "raw"), ("marloo", "rloo"), ("maremax", "max"),
+])
+def test_algorithm_default_advantage_mode(algorithm, mode):
+    assert ALGORITHM_ADVANTAGE[algorithm] == mode
+    cfg = validate_config(SINGLE_TURN, algorithm=algorithm)
+    assert cfg.algorithm == algorithm
+    assert cfg.advantage_mode == mode
+    assert cfg.trainer.advantage_mode is None
+    # in the document, without the flow's algorithm argument
+    assert validate_config({**SINGLE_TURN, "algorithm": algorithm}).advantage_mode == mode
+
+
+def test_explicit_advantage_mode_overrides_algorithm_default():
+    assert validate_config(_cfg(advantage_mode="max"), algorithm="marloo").advantage_mode == "max"
+
+
+def test_algorithm_conflict_with_flow():
+    with pytest.raises(ConfigError, match="algorithm"):
+        validate_config({**SINGLE_TURN, "algorithm": "magrpo"}, algorithm="marloo")
+
+
+def test_unknown_algorithm_rejected():
+    with pytest.raises(ConfigError, match="algorithm"):
+        validate_config({**SINGLE_TURN, "algorithm": "mappo"})
+
+
+# --- agents ----------------------------------------------------------------------------------------
+
+
+def test_agent_model_conflicting_agents_list():
+    with pytest.raises(ConfigError, match="conflict"):
+        validate_config({**SINGLE_TURN, "agents": {"agent_model": "tiny", "agents": ["tiny", "/some/other"]}})
+
+
+def test_agent_model_with_matching_agents_list_ok():
+    cfg = validate_config({**SINGLE_TURN, "agents": {"agent_model": "tiny", "agents": ["tiny", "tiny"]}})
+    assert cfg.agents.sources() == ["tiny", "tiny"]
+
+
+def test_heterogeneous_agents():
+    cfg = validate_config({**SINGLE_TURN, "agents": {"agents": ["/m/a", "/m/b", "/m/c"]}})
+    assert cfg.agents.n == 3
+    assert cfg.agents.sources() == ["/m/a", "/m/b", "/m/c"]
+
+
+def test_agents_list_length_must_match_num_agents():
+    with pytest.raises(ConfigError, match="num_agents"):
+        validate_config({**SINGLE_TURN, "agents": {"agents": ["/m/a", "/m/b"], "num_agents": 3}})
+
+
+def test_agents_section_needs_a_model():
+    with pytest.raises(ConfigError, match="agent_model"):
+        validate_config({**SINGLE_TURN, "agents": {"num_agents": 2}})
+
+
+def test_trainer_num_agents_alias():
+    cfg = validate_config({"agents": {"agent_model": "tiny"}, "trainer": {"num_turns": 1, "num_agents": 3}})
+    assert cfg.agents.n == 3
+    assert cfg.agents.sources() == ["tiny"] * 3
+    with pytest.raises(ConfigError, match="disagrees"):
+        validate_config({"agents": {"agent_model": "tiny", "num_agents": 2},
+                         "trainer": {"num_turns": 1, "num_agents": 3}})
+
+
+def test_formatters_list_length_must_match_agents():
+    with pytest.raises(ConfigError, match="formatters"):
+        validate_config({**SINGLE_TURN, "formatters": [{"template": "{prompt}"}] * 3})
+    cfg = validate_config({**SINGLE_TURN, "formatters": [{"template": "A: {prompt}"}, {"template": "B: {prompt}"}]})
+    assert cfg.formatter_for(1).template == "B: {prompt}"
+
+
+# --- loading ---------------------------------------------------------------------------------------
+
+
+def test_load_config_yaml(tmp_path):
+    p = tmp_path / "run.yaml"
+    p.write_text(
+        "algorithm: maremax\n"
+        "agents:\n  agent_model: tiny\n  num_agents: 3\n"
+        "trainer:\n  num_turns: 1\n  num_generations: 6\n  joint_mode: crossed\n  agent_learning_rate: 1.0e-3\n"
+        "seed: 7\n")
+    cfg = load_config(p)
+    assert isinstance(cfg, RunConfig)
+    assert cfg.algorithm == "maremax" and cfg.advantage_mode == "max"
+    assert cfg.agents.n == 3
+    assert cfg.trainer.num_generations == 6
+    assert cfg.trainer.joint_mode == "cross"
+    assert cfg.trainer.agent_learning_rate == 1e-3
+    assert cfg.seed == 7
+
+
+def test_load_config_json_with_overrides(tmp_path):
+    p = tmp_path / "run.json"
+    p.write_text(json.dumps({"algorithm": "marloo", "trainer": {"num_turns": 1, "num_generations": 4, "top_k": 20}}))
+    cfg = load_config(p, overrides=["trainer.num_generations=8", "trainer.top_k=null",
+                                    "trainer.agent_learning_rate=1e-3", "reward.kwargs.lo=1.5", "seed=3"])
+    assert cfg.trainer.num_generations == 8
+    assert cfg.trainer.top_k is None
+    assert cfg.trainer.agent_learning_rate == pytest.approx(1e-3)
+    assert cfg.reward.kwargs == {"lo": 1.5}
+    assert cfg.seed == 3
+    assert cfg.advantage_mode == "rloo"
+
+
+def test_load_config_override_validated():
+    with pytest.raises(ConfigError, match=r"trainer\.num_generations"):
+        load_config(overrides=["trainer.num_turns=1", "trainer.num_generations=1"])
+
+
+def test_load_config_base_merge_and_dict_overrides(tmp_path):
+    p = tmp_path / "run.yaml"
+    p.write_text("trainer:\n  num_turns: 1\n  top_k: 5\n")
+    cfg = load_config(p, base={"trainer": {"top_p": 0.9}}, overrides={"trainer.temperature": 1.0})
+    assert (cfg.trainer.top_k, cfg.trainer.top_p, cfg.trainer.temperature) == (5, 0.9, 1.0)
+
+
+def test_bundled_example_config_loads():
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "magrpo-story.yaml")
+    assert cfg.algorithm == "magrpo" and cfg.trainer.num_turns == 1
+
+
+def test_apply_overrides_bad_forms():
+    with pytest.raises(ConfigError, match="key.path=value"):
+        apply_overrides({}, ["trainer.num_generations"])
+    with pytest.raises(ConfigError, match="not a section"):
+        apply_overrides({"seed": 1}, ["seed.x=2"])
+    d = apply_overrides({}, ["a.b.c=[1, 2]", "a.d=true"])
+    assert d == {"a": {"b": {"c": [1, 2]}, "d": True}}
+
+
+@pytest.mark.parametrize("name, text", [
+    ("bad.yaml", "trainer: [unclosed\n  num_turns: 1\n"),
+    ("bad.json", "{\"trainer\": {\"num_turns\": 1,}"),
+])
+def test_unparsable_file_gives_config_error(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    with pytest.raises(ConfigError, match="cannot parse"):
+        load_config(p)
+
+
+def test_missing_file_gives_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_non_mapping_file_gives_config_error(tmp_path):
+    p = tmp_path / "list.yaml"
+    p.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        read_config_file(p)
+
+
+def test_empty_file_is_empty_mapping(tmp_path):
+    p = tmp_path / "empty.yaml"
+    p.write_text("")
+    assert read_config_file(p) == {}

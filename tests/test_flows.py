@@ -1,0 +1,100 @@
+"""Flows under one session-scoped Prefect test server: smoke, cached rerun, stage reruns, MLflow."""
+
+import pytest
+
+from schemas.config import ConfigError
+from stages import train_online as T
+from stages.models import LIVE
+from tests.conftest import small_config
+
+pytestmark = pytest.mark.slow
+
+
+def _delta(before: dict) -> dict:
+    return {k: v - before.get(k, 0) for k, v in T.CALLS.items() if v - before.get(k, 0)}
+
+
+@pytest.fixture(scope="module")
+def first_run(prefect_harness, tmp_path_factory):
+    from flows.train import train_magrpo
+
+    tmp = tmp_path_factory.mktemp("flow")
+    cfg = small_config(tmp)
+    LIVE.clear()
+    before = dict(T.CALLS)
+    summary = train_magrpo(config=cfg)
+    return cfg, summary, _delta(before)
+
+
+def test_flow_smoke_and_mlflow(first_run):
+    from mlflow.tracking import MlflowClient
+
+    cfg, s, executed = first_run
+    assert executed["generate"] == 2 and executed["update"] == 2 and executed["evaluate"] == 1
+    assert s["env_steps"] == 8 and set(s["eval"]) == {"eval/turn_1/reward_mean", "eval/turn_1/expected_return"}
+    assert (__import__("pathlib").Path(s["checkpoint"]) / "agent_1" / "model.safetensors").is_file()
+    client = MlflowClient(tracking_uri=f"sqlite:///{cfg['data_dir']}/mlflow.db")
+    run = client.get_run(s["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["trainer.num_generations"] == "2"
+    hist = client.get_metric_history(run.info.run_id, "turn_1/reward_mean")
+    assert [m.step for m in hist] == [4, 8]
+    assert "eval/turn_1/reward_mean" in run.data.metrics and "timing/generate_s" in run.data.metrics
+    assert run.data.tags["lineage.checkpoint.final"].startswith("checkpoint/")
+    assert run.data.tags["lineage.taskset"].startswith("taskset/")
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"reward_curve.png", "rollout_samples.json", "lineage.json", "summary.json"} <= names
+
+
+def test_cached_second_run_executes_no_stage(first_run):
+    from flows.train import train_magrpo
+
+    cfg, s, _ = first_run
+    LIVE.clear()
+    before = dict(T.CALLS)
+    again = train_magrpo(config=cfg)
+    assert _delta(before) == {}
+    assert again["executed"] == {} and again["run_key"] == s["run_key"]
+    assert again["eval"] == s["eval"] and again["reward_last"] == s["reward_last"]
+
+
+def test_mareinforce_flow_differs_only_in_advantage(first_run, tmp_path):
+    from flows.train import train_mareinforce
+
+    cfg, s, _ = first_run
+    LIVE.clear()
+    out = train_mareinforce(config={**cfg, "data_dir": str(tmp_path)})
+    assert out["algorithm"] == "mareinforce" and out["run_key"] != s["run_key"]
+
+
+def test_rerun_evaluate_only(first_run):
+    from flows.train import train_magrpo
+
+    cfg, s, _ = first_run
+    LIVE.clear()
+    before = dict(T.CALLS)
+    out = train_magrpo(config=cfg, stages=["evaluate"], refresh=["evaluate"])
+    assert _delta(before) == {"evaluate": 1}
+    assert out["eval"] == s["eval"]  # seeded sampling: same checkpoint, same evaluation
+
+
+def test_rescore_stored_rollouts_with_changed_reward(first_run):
+    from flows.train import train_magrpo
+
+    cfg, s, _ = first_run
+    before = dict(T.CALLS)
+    changed = {**cfg, "reward": {"name": "tests.helpers:loose_length_ratio"}}
+    out = train_magrpo(config=changed, stages=["score"], rescore_from=s["run_key"])
+    assert _delta(before) == {"score": 2}  # two updates re-scored, nothing generated or trained
+    assert out["rescore"]["updates"] == 2
+
+
+def test_invalid_config_fails_before_any_model_loads(prefect_harness, tmp_path):
+    from flows.train import train_magrpo
+
+    before = dict(T.CALLS)
+    bad = small_config(tmp_path, trainer={**small_config(tmp_path)["trainer"], "num_generations": 1})
+    with pytest.raises(ConfigError, match="trainer.num_generations"):
+        train_magrpo(config=bad)
+    assert _delta(before) == {}
+    assert not (tmp_path / "artifacts").exists()
