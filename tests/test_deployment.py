@@ -1,0 +1,74 @@
+"""Deployment smoke: `coopflow serve` + `prefect deployment run 'train-magrpo/local' --watch` completes."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import small_config
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(pred, timeout: float, what: str) -> None:
+    t0 = time.time()
+    while not pred():
+        if time.time() - t0 > timeout:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(1)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def test_deployment_run_completes(tmp_path):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": url,
+           "COOPFLOW_HOME": str(tmp_path / "home"), "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    procs = []
+    try:
+        procs.append(subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                       "--port", str(port), "--no-ui"], env=env, cwd=tmp_path,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        _wait(lambda: _healthy(url), 240, "the Prefect server")
+        procs.append(subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--name", "local"], env=env,
+                                      cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True))
+        _wait(lambda: subprocess.run([sys.executable, "-m", "prefect", "deployment", "inspect", "train-magrpo/local"],
+                                     env=env, capture_output=True).returncode == 0, 240, "the served deployment")
+        params = {"config": small_config(tmp_path / "data"), "overrides": {"seed": 3}}
+        run = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "train-magrpo/local",
+                              "--params", json.dumps(params), "--watch", "--watch-timeout", "400"],
+                             env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        ckpts = [p for p in (tmp_path / "data" / "artifacts" / "checkpoint").iterdir() if not p.name.startswith(".")]
+        assert len(ckpts) == 1 and (ckpts[0] / "agent_0" / "config.json").is_file()
+    finally:
+        for p in reversed(procs):
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(timeout=30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(p.pid, signal.SIGKILL)

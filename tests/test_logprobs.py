@@ -1,0 +1,143 @@
+"""Batched sequence log-probs against the generation's own raw logits, on the tiny model."""
+
+import pytest
+import torch
+
+from stages.generate_rollouts import SamplingConfig, generate_for_agent, trim_completion
+from stages.logprobs import pad_batch, sequence_logprobs, token_logprobs
+from stages.models import build_tiny_model, load_agent
+
+PROMPTS = ["once upon a time there was a little fox", "the moon", "write a story about the ocean city"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    model, tok = load_agent(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+    return model, tok
+
+
+# --- pad_batch / token_logprobs (no model) ---------------------------------------------------------
+
+
+def test_pad_batch_hand_example():
+    ids, attn, cmask, P = pad_batch([[5, 6, 7], [8]], [[1, 2], [3, 4, 9]], pad_id=0)
+    assert P == 3
+    assert ids.tolist() == [[5, 6, 7, 1, 2, 0],
+                            [0, 0, 8, 3, 4, 9]]
+    assert attn.tolist() == [[1, 1, 1, 1, 1, 0],
+                             [0, 0, 1, 1, 1, 1]]
+    assert cmask.tolist() == [[True, True, False],
+                              [True, True, True]]
+    assert ids.dtype == torch.long and attn.dtype == torch.long and cmask.dtype == torch.bool
+
+
+def test_pad_batch_empty_completion_and_pad_id():
+    ids, attn, cmask, P = pad_batch([[4, 4], [7]], [[], []], pad_id=99)
+    assert P == 2
+    assert ids.tolist() == [[4, 4, 99], [99, 7, 99]]
+    assert attn.tolist() == [[1, 1, 0], [0, 1, 0]]
+    assert cmask.tolist() == [[False], [False]]
+
+
+def test_token_logprobs_equals_log_softmax_gather():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 11, generator=g) * 3
+    targets = torch.tensor([[0, 5, 10], [3, 3, 7]])
+    expected = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(token_logprobs(logits, targets), expected, atol=1e-6, rtol=0)
+
+
+# --- against the generation's logits ---------------------------------------------------------------
+
+
+def _sample(model, tok, eos_id, seed=1234, max_new_tokens=8):
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = model.generate(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], do_sample=True,
+                             temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                             output_logits=True, return_dict_in_generate=True, pad_token_id=tok.pad_token_id,
+                             eos_token_id=eos_id)
+    return enc, out
+
+
+def test_sequence_logprobs_match_generation_logits(tiny):
+    model, tok = tiny
+    P = tok(PROMPTS, return_tensors="pt", padding=True)["input_ids"].shape[1]
+    # First pass: pick as "EOS" a token that row 0 samples at step 2 (and not before), so that the second
+    # pass (same seed, same RNG draws) ends row 0 at step 2 and generate pads it afterwards.
+    _, first = _sample(model, tok, eos_id=tok.eos_token_id)
+    row0 = first.sequences[0, P:].tolist()
+    eos = row0[2]
+    assert eos not in row0[:2] and eos != tok.pad_token_id, "pick another seed"
+    enc, out = _sample(model, tok, eos_id=eos)
+    gen = out.sequences[:, P:]
+    logits = torch.stack(out.logits, dim=1).float()  # [B, steps, V], raw (before sampling processors)
+    assert gen.shape[1] == logits.shape[1] >= 4
+    assert gen[0, 2] == eos and (gen[0, 3:] == tok.pad_token_id).all()  # padding after the first EOS
+
+    prompts = [[t for t, m in zip(enc["input_ids"][b].tolist(), enc["attention_mask"][b].tolist()) if m]
+               for b in range(len(PROMPTS))]
+    assert len({len(p) for p in prompts}) == 3  # different prompt lengths -> real left padding
+    comps = [trim_completion(gen[b].tolist(), eos)[0] for b in range(len(PROMPTS))]
+    assert len(comps[0]) == 3  # EOS kept as the last action token
+
+    seq, tokv = sequence_logprobs(model, prompts, comps, tok.pad_token_id, return_tokens=True)
+    C = max(len(c) for c in comps)
+    assert seq.shape == (3,) and tokv.shape == (3, C)
+    ref = torch.log_softmax(logits, dim=-1)
+    for b, c in enumerate(comps):
+        L = len(c)
+        expected = ref[b, torch.arange(L), torch.tensor(c)]
+        torch.testing.assert_close(tokv[b, :L].detach(), expected, atol=1e-4, rtol=0)
+        assert (tokv[b, L:] == 0).all()  # past the completion (EOS) nothing counts
+        torch.testing.assert_close(seq[b].detach(), expected.sum(), atol=1e-4, rtol=0)
+
+    # masking: a completion cut after 2 tokens has exactly the first 2 token log-probs of the full one
+    cut = [comps[1][:2], comps[1]]
+    seq2, tok2 = sequence_logprobs(model, [prompts[1], prompts[1]], cut, tok.pad_token_id, return_tokens=True)
+    assert (tok2[0, 2:] == 0).all()
+    torch.testing.assert_close(tok2[0, :2], tok2[1, :2], atol=1e-5, rtol=0)
+    torch.testing.assert_close(seq2[0], tok2[1, :2].sum(), atol=1e-5, rtol=0)
+
+
+def test_sequence_logprobs_batch_invariant_and_differentiable(tiny):
+    model, tok = tiny
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    comps = [[5, 6, 7, 8], [9], [10, 11]]
+    together = sequence_logprobs(model, prompts, comps, tok.pad_token_id)
+    alone = torch.cat([sequence_logprobs(model, [p], [c], tok.pad_token_id) for p, c in zip(prompts, comps)])
+    torch.testing.assert_close(together.detach(), alone.detach(), atol=1e-4, rtol=0)
+    assert (together < 0).all()
+    together.sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    model.zero_grad(set_to_none=True)
+
+
+# --- generate_for_agent ----------------------------------------------------------------------------
+
+
+def test_generate_for_agent_rows(tiny):
+    model, tok = tiny
+    sampling = SamplingConfig(num_generations=2, max_new_tokens=6, temperature=1.0, top_p=1.0, top_k=None)
+    rows = generate_for_agent(model, tok, PROMPTS, 2, sampling, seed=7)
+    assert len(rows) == len(PROMPTS) * 2
+    for j, prompt in enumerate(PROMPTS):
+        for s in range(2):
+            p_ids, c_ids, text, finished = rows[j * 2 + s]
+            assert p_ids == tok(prompt)["input_ids"]  # left pads removed
+            assert 1 <= len(c_ids) <= 6
+            assert finished == (c_ids[-1] == tok.eos_token_id)
+            assert tok.eos_token_id not in c_ids[:-1]
+            assert text == tok.decode(c_ids[:-1] if finished else c_ids, skip_special_tokens=True)
+    assert generate_for_agent(model, tok, PROMPTS, 2, sampling, seed=7) == rows  # seeded: reproducible
+    assert not model.training
+    seq = sequence_logprobs(model, [r[0] for r in rows], [r[1] for r in rows], tok.pad_token_id)
+    assert seq.shape == (6,) and torch.isfinite(seq).all() and (seq < 0).all()
+
+
+def test_trim_completion():
+    assert trim_completion([4, 5, 1, 0, 0], 1) == ([4, 5, 1], True)
+    assert trim_completion([4, 1, 1, 0], 1) == ([4, 1], True)
+    assert trim_completion([4, 5, 6], 1) == ([4, 5, 6], False)
+    assert trim_completion([4, 5], None) == ([4, 5], False)
