@@ -1,0 +1,426 @@
+"""Benchmark: coopflow's MAGRPO vs the CoMLRL 1.4.3 peer, plus the Prefect flow's overhead.
+
+Usage (from the repo root, with the coopflow venv's python):
+
+    python bench/bench_magrpo.py [--workloads a b] [--skip-peer] [--skip-flow] [--quiet-wait 240]
+                                 [--out .bench/results.json]
+
+What one run does:
+1. ensures the peer venv (bench/setup_peer.sh, idempotent) and the two model dirs under .bench/models
+   (built by ../shared/bench/make_tiny_model.py; SHARED_DIR overrides the shared bench dir). The
+   SAME model dirs are loaded by both sides.
+2. per workload: waits for a quiet machine, runs the peer harness (comlrl_peer.py) in the peer venv,
+   waits again, runs coopflow's direct path (stages.run_direct.run_direct) in a child process of this
+   python with a fresh data dir. Both children are metered from here (wall, CPU, and how many cores
+   *other* processes kept busy meanwhile: 'others_busy_cores', 0 = clean, ~2 = heavy contention).
+3. flow overhead (workload b, coopflow only): one child with a fresh COOPFLOW_HOME runs a warm-up flow
+   (ephemeral Prefect server start, imports, MLflow DB creation excluded), then times
+   flows.train.train_magrpo(config=...) and stages.run_direct.run_direct(cfg) on the same fresh work.
+4. prints a table and writes every raw result to --out.
+
+Metric definitions are coopflow's: env_steps = joint actions scored (peer: len(rewards_seen));
+env_steps_per_s = env_steps / train seconds; reward_first/last = mean of the first/last fifth of the
+reward stream. Note the peer's train seconds cover `trainer.train()` only, coopflow's `train_seconds`
+also cover building the taskset, loading the models and writing the checkpoint; the
+'cf loop' column (coopflow's own timing/* metrics: generate + score + update) excludes those.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_BENCH = Path(os.environ.get("SHARED_DIR", REPO.parent / "shared")).resolve() / "bench"
+MODELS = REPO / ".bench" / "models"
+MODEL_SPECS = {"tiny": (64, 2), "small": (256, 4)}  # hidden size, layers
+THREADS = 2
+MARK = "BENCH_RESULT "
+
+# Workloads exactly as the issue states them.
+WORKLOADS = {
+    "a": dict(model="tiny", K=4, tokens=32, rbs=1, items=16, epochs=2),
+    "b": dict(model="small", K=8, tokens=64, rbs=2, items=8, epochs=1),
+}
+
+
+# --- shared helpers (parent and children) --------------------------------------------------------
+
+
+def shared_common():
+    """comlrl_peer_common from the shared bench dir (story_prompts, wait_quiet, Meter, _proc_stat)."""
+    if str(SHARED_BENCH) not in sys.path:
+        sys.path.insert(0, str(SHARED_BENCH))
+    import comlrl_peer_common  # noqa: E402
+
+    return comlrl_peer_common
+
+
+def write_taskset(path: Path, n: int) -> Path:
+    """The peer's prompts (story_prompts(n)) as a JSONL taskset coopflow reads with taskset.name=<file>."""
+    prompts = shared_common().story_prompts(n)
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    return path
+
+
+def coopflow_config(w: dict, taskset: Path, data_dir: Path | None, seed: int = 0, **trainer_over) -> dict:
+    """The RunConfig dict of a workload (same hyper-parameters as the peer harness)."""
+    trainer = dict(num_train_epochs=w["epochs"], agent_learning_rate=1e-3, num_agents=2,
+                   num_generations=w["K"], max_new_tokens=w["tokens"], temperature=1.0, top_p=1.0, top_k=50,
+                   num_turns=1, rollout_buffer_size=w["rbs"], logging_steps=1, eval_interval=0)
+    trainer.update(trainer_over)
+    cfg = {"algorithm": "magrpo",
+           "agents": {"agent_model": str(MODELS / w["model"]), "num_agents": 2},
+           "taskset": {"name": str(taskset), "num_items": w["items"]},
+           "reward": {"name": "length_ratio"},
+           "trainer": trainer,
+           "seed": seed}
+    if data_dir is not None:
+        cfg["data_dir"] = str(data_dir)
+    return cfg
+
+
+def parse_json_line(text: str, marker: str | None = None) -> dict | None:
+    """Last stdout line that is a JSON object (after `marker` when given)."""
+    for line in reversed(text.splitlines()):
+        if marker is not None:
+            if not line.startswith(marker):
+                continue
+            line = line[len(marker):]
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+    return None
+
+
+# --- children (run in separate processes of the coopflow venv) -----------------------------------
+
+
+def _loop_timing(data_dir: Path) -> dict:
+    """Sum coopflow's per-segment timing/* metrics found in a run's artifact store."""
+    import pyarrow.parquet as pq
+
+    tot: dict[str, float] = {}
+    for f in sorted((data_dir / "artifacts" / "metrics").glob("*/data.parquet")):
+        for r in pq.read_table(f).to_pylist():
+            k = r["key"]
+            if k.startswith("timing/") and k.endswith("_s"):
+                tot[k[7:]] = tot.get(k[7:], 0.0) + r["value"]
+    return {k: round(v, 4) for k, v in tot.items()}
+
+
+def _add_loop_rate(summary: dict, data_dir: Path) -> dict:
+    t = _loop_timing(data_dir)
+    loop = sum(t.get(k, 0.0) for k in ("generate_s", "score_s", "update_s"))
+    summary["timing"] = t
+    summary["loop_seconds"] = round(loop, 4)
+    summary["loop_env_steps_per_s"] = summary["env_steps"] / loop if loop > 0 else None
+    return summary
+
+
+def child_direct(spec: dict) -> None:
+    """Workload run: stages.run_direct.run_direct on a fresh data dir; prints MARK + summary JSON."""
+    import torch
+
+    torch.set_num_threads(THREADS)
+    from schemas.config import load_config
+    from stages.run_direct import run_direct
+
+    cfg = load_config(base=spec["config"])
+    # Import transformers' model classes before the clock starts, as the peer harness does (its imports
+    # happen before t0); otherwise coopflow's train_seconds would include a multi-second first import.
+    import transformers  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+    Meter = shared_common().Meter
+    with Meter() as m:
+        summary = run_direct(cfg)
+    summary["inproc_meter"] = m.summary()
+    summary["torch_threads"] = torch.get_num_threads()
+    _add_loop_rate(summary, Path(spec["config"]["data_dir"]))
+    print(MARK + json.dumps(summary, default=str), flush=True)
+
+
+def child_flow(spec: dict) -> None:
+    """Flow overhead: warm-up flow, then a timed flow run and a timed direct run of the same fresh work."""
+    os.environ["COOPFLOW_HOME"] = spec["home"]
+    from flows.env import configure
+
+    configure()  # before prefect is imported
+    import torch
+
+    torch.set_num_threads(THREADS)
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    from flows.train import train_magrpo
+    from schemas.config import load_config
+    from stages.run_direct import run_direct
+
+    Meter = shared_common().Meter
+    out: dict = {"torch_threads": torch.get_num_threads()}
+    # As flows/cli.py: no heartbeat thread for a foreground run.
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        with Meter() as m:
+            warm = train_magrpo(config=spec["warmup"])
+        out["warmup"] = {"wall_s": m.wall, "meter": m.summary(), "env_steps": warm.get("env_steps")}
+        with Meter() as m:
+            flow = train_magrpo(config=spec["flow"])
+        out["flow"] = {"wall_s": m.wall, "meter": m.summary(), "summary": flow}
+    cfg = load_config(base=spec["direct"])
+    with Meter() as m:
+        direct = run_direct(cfg)
+    out["direct"] = {"wall_s": m.wall, "meter": m.summary(), "summary": _add_loop_rate(direct, Path(spec["direct"]["data_dir"]))}
+    print(MARK + json.dumps(out, default=str), flush=True)
+
+
+# --- parent --------------------------------------------------------------------------------------
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run_metered(cmd: list[str], env: dict, cwd: Path, timeout: float) -> dict:
+    """Run a child, capture its output, and meter it from outside (wall, child CPU, others' busy cores)."""
+    pc = shared_common()
+    hz = os.sysconf("SC_CLK_TCK")
+    c0, b0, l0, t0 = os.times(), pc._proc_stat(), os.getloadavg()[0], time.perf_counter()
+    try:
+        p = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=timeout)
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc = "timeout"
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+    wall = time.perf_counter() - t0
+    b1, c1 = pc._proc_stat(), os.times()
+    cpu = (c1.children_user - c0.children_user) + (c1.children_system - c0.children_system)
+    others = max(0.0, ((b1 - b0) / hz - cpu) / wall)
+    return {"rc": rc, "stdout": out, "stderr": err,
+            "meter": {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "others_busy_cores": round(others, 2),
+                      "loadavg1_start_end": [round(l0, 2), round(os.getloadavg()[0], 2)]}}
+
+
+def ensure_peer_venv() -> Path:
+    log("ensuring the peer venv (bench/setup_peer.sh)")
+    p = subprocess.run(["bash", str(REPO / "bench" / "setup_peer.sh")], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"bench/setup_peer.sh failed (rc={p.returncode})")
+    return Path(p.stdout.strip().splitlines()[-1])
+
+
+def ensure_models(builder_python: Path) -> None:
+    maker = SHARED_BENCH / "make_tiny_model.py"
+    for name, (hidden, layers) in MODEL_SPECS.items():
+        d = MODELS / name
+        if (d / "config.json").is_file() and (d / "tokenizer.json").is_file():
+            continue
+        if not maker.is_file():
+            raise SystemExit(f"{maker} not found (set SHARED_DIR to the dir holding bench/make_tiny_model.py)")
+        log(f"building model {name} (hidden {hidden}, {layers} layers) in {d}")
+        d.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([str(builder_python), str(maker), str(d), str(hidden), str(layers)], check=True,
+                       cwd=SHARED_BENCH)
+
+
+def wait_quiet(seconds: float) -> dict:
+    if seconds <= 0:
+        return {"waited_s": 0.0, "busy_cores": None}
+    waited, busy = shared_common().wait_quiet(max_wait=seconds)
+    log(f"quiet wait: {waited:.0f} s, others busy {busy} cores")
+    return {"waited_s": waited, "busy_cores": busy}
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("WANDB_MODE", "disabled")
+    env["SHARED_DIR"] = str(SHARED_BENCH.parent)
+    return env
+
+
+def run_child(mode: str, spec: dict, tmp: Path, timeout: float) -> dict:
+    spec_file = tmp / f"spec-{mode}-{time.time_ns()}.json"
+    spec_file.write_text(json.dumps(spec))
+    r = run_metered([sys.executable, str(Path(__file__).resolve()), "--child", mode, "--spec", str(spec_file)],
+                    child_env(), REPO, timeout)
+    r["result"] = parse_json_line(r["stdout"], MARK)
+    return r
+
+
+def run_peer(peer_py: Path, w: dict, timeout: float) -> dict:
+    env = dict(os.environ, K=str(w["K"]), TOKENS=str(w["tokens"]), RBS=str(w["rbs"]), THREADS=str(THREADS),
+               WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
+    cmd = [str(peer_py), "comlrl_peer.py", str(MODELS / w["model"]), str(w["items"]), str(w["epochs"])]
+    r = run_metered(cmd, env, SHARED_BENCH, timeout)
+    res = parse_json_line(r["stdout"])
+    if res is not None:
+        dt = res["sec_per_step"] * res["steps"]
+        res["train_seconds"] = dt
+        res["env_steps"] = round(res["env_steps_per_s"] * dt)  # = len(rewards_seen)
+    r["result"] = res
+    return r
+
+
+def _tail(r: dict, n: int = 1500) -> str:
+    return (r.get("stderr") or "")[-n:]
+
+
+def _strip(r: dict) -> dict:
+    """A run record for the JSON output: keep output tails, not the whole log."""
+    d = {k: v for k, v in r.items() if k not in ("stdout", "stderr")}
+    if r.get("rc") != 0 or r.get("result") is None:
+        d["stderr_tail"] = _tail(r, 4000)
+        d["stdout_tail"] = (r.get("stdout") or "")[-2000:]
+    return d
+
+
+def f(v, spec=".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_table(results: dict) -> None:
+    rows = [("workload", "peer st/s", "cf st/s", "cf/peer", "cf loop st/s", "peer rew f→l", "cf rew f→l",
+             "busy peer", "busy cf")]
+    for name, r in results["workloads"].items():
+        p = (r.get("peer") or {}).get("result") or {}
+        c = (r.get("coopflow") or {}).get("result") or {}
+        ps, cs = p.get("env_steps_per_s"), c.get("env_steps_per_s")
+        w = r["spec"]
+        label = f"{name}: {w['model']} K={w['K']} {w['tokens']}tok rbs{w['rbs']} {w['items']}x{w['epochs']}"
+        rows.append((label, f(ps), f(cs), f(cs / ps if ps and cs else None) + ("x" if ps and cs else ""),
+                     f(c.get("loop_env_steps_per_s")),
+                     f"{f(p.get('reward_first'))}→{f(p.get('reward_last'))}",
+                     f"{f(c.get('reward_first'))}→{f(c.get('reward_last'))}",
+                     f((r.get("peer") or {}).get("meter", {}).get("others_busy_cores")),
+                     f((r.get("coopflow") or {}).get("meter", {}).get("others_busy_cores"))))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    print()
+    for i, row in enumerate(rows):
+        print("  ".join(str(c).ljust(widths[j]) if j == 0 else str(c).rjust(widths[j]) for j, c in enumerate(row)))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    print("st/s = env_steps/s (joint actions scored per train second); cf = coopflow run_direct "
+          "(train_seconds include taskset + model load + checkpoint; 'cf loop' = generate+score+update only); "
+          "busy = cores other processes kept busy during the child (0 clean .. 2 saturated)")
+    fo = results.get("flow_overhead")
+    if fo:
+        if fo.get("flow_s") is not None:
+            print(f"\nflow overhead (workload b, same process, after a warm-up flow): flow {fo['flow_s']:.2f} s, "
+                  f"direct {fo['direct_s']:.2f} s -> overhead (flow-direct)/flow = {fo['overhead_pct']:.1f} % "
+                  f"(warm-up {fo['warmup_s']:.1f} s; others busy: flow {f(fo['others_busy_flow'])}, "
+                  f"direct {f(fo['others_busy_direct'])} cores)")
+        else:
+            print(f"\nflow overhead: FAILED ({fo.get('error')})")
+    print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", nargs="+", default=["a", "b"], choices=sorted(WORKLOADS))
+    ap.add_argument("--skip-peer", action="store_true", help="run coopflow only (no peer venv needed if models exist)")
+    ap.add_argument("--skip-flow", action="store_true", help="skip the flow-overhead measurement")
+    ap.add_argument("--quiet-wait", type=float, default=240,
+                    help="max seconds to wait for a quiet machine before each timed child (0 = no wait)")
+    ap.add_argument("--timeout", type=float, default=1800, help="per-child timeout in seconds")
+    ap.add_argument("--out", default=str(REPO / ".bench" / "results.json"))
+    ap.add_argument("--child", choices=["direct", "flow"], help=argparse.SUPPRESS)
+    ap.add_argument("--spec", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.child:
+        spec = json.loads(Path(args.spec).read_text())
+        (child_direct if args.child == "direct" else child_flow)(spec)
+        return 0
+
+    peer_py = None
+    if not args.skip_peer:
+        peer_py = ensure_peer_venv()
+    ensure_models(peer_py or Path(sys.executable))
+    results: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": THREADS, "quiet_wait": args.quiet_wait,
+                     "nproc": os.cpu_count(), "models": {k: str(MODELS / k) for k in MODEL_SPECS},
+                     "peer_python": str(peer_py) if peer_py else None, "workloads": {}}
+    failures = 0
+    with tempfile.TemporaryDirectory(prefix="coopflow-bench-") as tmp_s:
+        tmp = Path(tmp_s)
+        for name in args.workloads:
+            w = WORKLOADS[name]
+            rec: dict = {"spec": w}
+            results["workloads"][name] = rec
+            if peer_py:
+                rec["peer_quiet"] = wait_quiet(args.quiet_wait)
+                log(f"workload {name}: peer (CoMLRL 1.4.3)")
+                r = run_peer(peer_py, w, args.timeout)
+                rec["peer"] = _strip(r)
+                if r["result"] is None:
+                    failures += 1
+                    log(f"peer failed rc={r['rc']}:\n{_tail(r)}")
+                else:
+                    log(f"peer: {r['result']['env_steps_per_s']:.2f} env_steps/s, others busy "
+                        f"{r['meter']['others_busy_cores']}")
+            taskset = write_taskset(tmp / f"prompts-{name}.jsonl", w["items"])
+            cfg = coopflow_config(w, taskset, tmp / f"data-{name}")
+            rec["coopflow_config"] = cfg
+            rec["coopflow_quiet"] = wait_quiet(args.quiet_wait)
+            log(f"workload {name}: coopflow run_direct")
+            r = run_child("direct", {"config": cfg}, tmp, args.timeout)
+            rec["coopflow"] = _strip(r)
+            if r["result"] is None:
+                failures += 1
+                log(f"coopflow failed rc={r['rc']}:\n{_tail(r)}")
+            else:
+                log(f"coopflow: {r['result']['env_steps_per_s']:.2f} env_steps/s, others busy "
+                    f"{r['meter']['others_busy_cores']}")
+
+        if not args.skip_flow:
+            w = WORKLOADS["b"]
+            home = tmp / "flow-home"
+            warm_ts = write_taskset(tmp / "prompts-flow-warmup.jsonl", w["items"])
+            flow_ts = write_taskset(tmp / "prompts-flow-timed.jsonl", w["items"])  # new taskset key: nothing cached
+            spec = {"home": str(home),
+                    "warmup": coopflow_config(w, warm_ts, None, seed=1001, max_new_tokens=4),
+                    "flow": coopflow_config(w, flow_ts, None, seed=7),
+                    "direct": coopflow_config(w, flow_ts, tmp / "flow-direct-data", seed=7)}
+            fo: dict = {"spec": spec, "quiet": wait_quiet(args.quiet_wait)}
+            log("flow overhead: warm-up flow, timed flow, timed run_direct (workload b, one process)")
+            r = run_child("flow", spec, tmp, args.timeout)
+            fo["run"] = _strip(r)
+            res = r["result"]
+            if res is None:
+                failures += 1
+                fo["error"] = f"rc={r['rc']}"
+                log(f"flow-overhead child failed rc={r['rc']}:\n{_tail(r)}")
+            else:
+                fl, di = res["flow"], res["direct"]
+                fo.update(flow_s=fl["wall_s"], direct_s=di["wall_s"], warmup_s=res["warmup"]["wall_s"],
+                          overhead_pct=100.0 * (fl["wall_s"] - di["wall_s"]) / fl["wall_s"],
+                          others_busy_flow=fl["meter"]["others_busy_cores"],
+                          others_busy_direct=di["meter"]["others_busy_cores"],
+                          flow_env_steps=fl["summary"].get("env_steps"), direct_env_steps=di["summary"].get("env_steps"),
+                          flow_train_s=fl["summary"].get("train_seconds"),
+                          direct_train_s=di["summary"].get("train_seconds"),
+                          flow_reward_first_last=[fl["summary"].get("reward_first"), fl["summary"].get("reward_last")],
+                          direct_reward_first_last=[di["summary"].get("reward_first"),
+                                                    di["summary"].get("reward_last")])
+            results["flow_overhead"] = fo
+
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1, default=str))
+    print_table(results)
+    print(f"raw results: {out}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""CLI error paths (no Prefect import needed) and README coverage of every config field."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from schemas.config import (AgentsConfig, FormatterConfig, MAGRPOConfig, RewardConfig, RunConfig, TasksetConfig,
+                            TrackingConfig)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cli_rejects_invalid_value_naming_the_field():
+    r = _cli("run", "train-magrpo", "--config", "configs/magrpo-story.yaml", "--set", "trainer.num_generations=1")
+    assert r.returncode == 2
+    assert "trainer.num_generations" in r.stderr and "greater than or equal to 2" in r.stderr
+    assert "prefect" not in r.stderr.lower()  # failed before Prefect started
+
+
+def test_cli_rejects_unknown_field_and_missing_file():
+    r = _cli("validate", "--config", "configs/magrpo-story.yaml", "--set", "trainer.learning_rate=1")
+    assert r.returncode == 2 and "trainer.learning_rate" in r.stderr
+    r = _cli("validate", "--config", "no/such/file.yaml")
+    assert r.returncode == 2 and "config file not found" in r.stderr
+
+
+def test_shipped_config_validates():
+    r = _cli("validate", "--config", "configs/magrpo-story.yaml", "--algorithm", "magrpo")
+    assert r.returncode == 0, r.stderr
+
+
+def test_readme_documents_every_config_field():
+    readme = (REPO / "README.md").read_text()
+    sections = {"": RunConfig, "agents.": AgentsConfig, "taskset.": TasksetConfig, "reward.": RewardConfig,
+                "formatters[i].": FormatterConfig, "trainer.": MAGRPOConfig, "tracking.": TrackingConfig}
+    missing = [p + f for p, m in sections.items() for f in m.model_fields if f"`{p}{f}`" not in readme]
+    assert not missing, f"README config reference lacks {missing}"
