@@ -89,7 +89,11 @@ class ArtifactStore:
         ref_file = self.path(kind, key) / "ref.json"
         if not ref_file.is_file():
             return None
-        return ArtifactRef.model_validate_json(ref_file.read_text())
+        try:
+            return ArtifactRef.model_validate_json(ref_file.read_text())
+        except ValueError as err:
+            raise ArtifactError(f"artifact record {ref_file} is corrupted ({err.__class__.__name__}); "
+                                f"delete {ref_file.parent} to recompute it") from None
 
     # --- tables ----------------------------------------------------------------------------------
 

@@ -53,6 +53,9 @@ def trim_completion(row: list[int], eos_id: int | None) -> tuple[list[int], bool
 @torch.inference_mode()
 def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: SamplingConfig, seed: int):
     """One batched generate: returns per (prompt, sample) lists of (prompt_ids, completion_ids, text, finished)."""
+    empty = [i for i, p in enumerate(prompts) if not p]
+    if empty:
+        raise ValueError(f"empty prompt for item(s) at position {empty}: every agent prompt needs text")
     enc = tok(prompts, return_tensors="pt", padding=True)
     device = next(model.parameters()).device
     input_ids = enc["input_ids"].repeat_interleave(k, dim=0).to(device)

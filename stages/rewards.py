@@ -150,6 +150,8 @@ def to_floats(out: Any) -> list[float]:
     """Coerce a reward function's output to a list of floats."""
     if hasattr(out, "detach"):
         out = out.detach().cpu().reshape(-1).tolist()
+    elif hasattr(out, "tolist") and not isinstance(out, (list, tuple)):
+        out = out.tolist()  # numpy scalars and arrays
     if isinstance(out, (int, float)):
         return [float(out)]
     try:

@@ -258,3 +258,11 @@ def test_clean_temp(store):
     assert store.clean_temp() == 1
     assert _temp_dirs(store) == []
     assert store.find("metrics", "k1") is not None
+
+
+def test_corrupted_ref_record_raises_artifact_error(tmp_path):
+    store = ArtifactStore(tmp_path)
+    ref = store.put_json("model", "k1", {"a": 1})
+    (Path(ref.uri) / "ref.json").write_text("{not json")
+    with pytest.raises(ArtifactError, match="ref.json is corrupted"):
+        store.find("model", "k1")

@@ -232,6 +232,13 @@ def test_output_coercion(ret, expected):
     assert all(type(x) is float for x in out)
 
 
+@pytest.mark.parametrize("make", ["float32", "int64", "0d"])
+def test_output_coercion_numpy_scalars(make):
+    np = pytest.importorskip("numpy")
+    ret = {"float32": np.float32(0.5), "int64": np.int64(2), "0d": np.array(0.5)}[make]
+    assert RewardCaller(lambda c1, c2: ret, 2)(PER_AGENT, PROMPTS, ITEMS) == [float(ret)]
+
+
 def test_output_coercion_errors():
     with pytest.raises(TypeError, match="reward function returned"):
         to_floats(None)
