@@ -2,8 +2,9 @@
 
 Usage (from the repo root, with the coopflow venv's python):
 
-    python bench/bench_magrpo.py [--workloads a b] [--skip-peer] [--skip-flow] [--quiet-wait 240]
-                                 [--out .bench/results.json]
+    python bench/bench_magrpo.py [--workloads a b] [--modes seq mp] [--skip-peer] [--skip-flow] [--quiet-wait 240]
+                                 [--flow-repeats 1] [--out .bench/results.json]
+    (--workloads with no names: only the flow-overhead measurement)
 
 What one run does:
 1. ensures the peer venv (bench/setup_peer.sh, idempotent) and the two model dirs under .bench/models
@@ -15,19 +16,24 @@ What one run does:
    *other* processes kept busy meanwhile: 'others_busy_cores', 0 = clean, ~2 = heavy contention).
 3. flow overhead (workload b, coopflow only): one child with a fresh COOPFLOW_HOME runs a warm-up flow
    (ephemeral Prefect server start, imports, MLflow DB creation excluded), then times
-   flows.train.train_magrpo(config=...) and stages.run_direct.run_direct(cfg) on the same fresh work.
+   flows.train.train_magrpo(config=...) and stages.run_direct.run_direct(cfg) on the same fresh work
+   (same config and seed; new taskset file and data dir, so nothing is cached; --flow-repeats pairs,
+   median reported).
 4. prints a table and writes every raw result to --out.
 
 Metric definitions are coopflow's: env_steps = joint actions scored (peer: len(rewards_seen));
 env_steps_per_s = env_steps / train seconds; reward_first/last = mean of the first/last fifth of the
-reward stream. Note the peer's train seconds cover `trainer.train()` only, coopflow's `train_seconds`
-also cover building the taskset, loading the models and writing the checkpoint; the
-'cf loop' column (coopflow's own timing/* metrics: generate + score + update) excludes those.
+reward stream. The peer's train seconds cover `trainer.train()` (models loaded before its clock);
+coopflow's `train_seconds` cover the update loop and checkpoint writes, with model loading (and the
+mp worker start-up) reported apart as `load_seconds`. The 'cf loop' column (generate + score +
+update only) also excludes checkpoint writes. coopflow runs in two modes (--modes): seq (agents in one
+process) and mp (parallel_training=mp: one persistent worker process per agent, 1 torch thread each).
 """
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,7 +41,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_BENCH = Path(os.environ.get("SHARED_DIR", REPO.parent / "shared")).resolve() / "bench"
+_SHARED = Path(os.environ.get("SHARED_DIR", REPO.parent / "shared")).expanduser().resolve()
+# SHARED_DIR is the shared dir holding bench/; a path to the bench dir itself is accepted too.
+SHARED_BENCH = _SHARED if (_SHARED / "comlrl_peer.py").is_file() else _SHARED / "bench"
 MODELS = REPO / ".bench" / "models"
 MODEL_SPECS = {"tiny": (64, 2), "small": (256, 4)}  # hidden size, layers
 THREADS = 2
@@ -49,6 +57,10 @@ WORKLOADS = {
 
 
 # --- shared helpers (parent and children) --------------------------------------------------------
+
+
+MODES = {"seq": {}, "mp": {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]}}
+"""coopflow variants: agents in the main process, or one persistent worker process per agent."""
 
 
 def shared_common():
@@ -111,7 +123,7 @@ def _loop_timing(data_dir: Path) -> dict:
     for f in sorted((data_dir / "artifacts" / "metrics").glob("*/data.parquet")):
         for r in pq.read_table(f).to_pylist():
             k = r["key"]
-            if k.startswith("timing/") and k.endswith("_s"):
+            if k.startswith("timing/") and k.endswith("_s") and not k.endswith("_per_s"):
                 tot[k[7:]] = tot.get(k[7:], 0.0) + r["value"]
     return {k: round(v, 4) for k, v in tot.items()}
 
@@ -134,22 +146,63 @@ def child_direct(spec: dict) -> None:
     from stages.run_direct import run_direct
 
     cfg = load_config(base=spec["config"])
-    # Import transformers' model classes before the clock starts, as the peer harness does (its imports
-    # happen before t0); otherwise coopflow's train_seconds would include a multi-second first import.
-    import transformers  # noqa: F401
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+    # Warm the process before the clock starts, as the peer harness is warm when its clock starts (it
+    # imports and loads the models before t0): the first from_pretrained of a process imports ~1000
+    # modules (torch.distributed, torch._dynamo, sympy, ...; ~2 s here) that run_direct would otherwise
+    # count in its train_seconds. run_direct still loads its own models inside its clock.
+    t0 = time.perf_counter()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    AutoTokenizer.from_pretrained(spec["config"]["agents"]["agent_model"])
+    AutoModelForCausalLM.from_pretrained(spec["config"]["agents"]["agent_model"], dtype=torch.float32)
+    warm_s = time.perf_counter() - t0
 
     Meter = shared_common().Meter
     with Meter() as m:
         summary = run_direct(cfg)
     summary["inproc_meter"] = m.summary()
+    summary["process_warmup_s"] = round(warm_s, 3)
     summary["torch_threads"] = torch.get_num_threads()
     _add_loop_rate(summary, Path(spec["config"]["data_dir"]))
     print(MARK + json.dumps(summary, default=str), flush=True)
 
 
+class TreeMeter:
+    """Meter for a phase of the flow child: wall, own CPU, CPU of its subprocesses (Prefect's ephemeral
+    server runs as one), and cores kept busy by processes outside this process tree."""
+
+    def _tree_cpu(self) -> tuple[float, float]:
+        import psutil
+
+        me = psutil.Process()
+        own = sum(me.cpu_times()[:2])
+        kids = 0.0
+        for c in me.children(recursive=True):
+            try:
+                kids += sum(c.cpu_times()[:2])
+            except psutil.Error:
+                pass
+        return own, kids
+
+    def __enter__(self):
+        self.t0, self.b0, (self.o0, self.k0) = time.perf_counter(), shared_common()._proc_stat(), self._tree_cpu()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self.t0
+        busy = (shared_common()._proc_stat() - self.b0) / os.sysconf("SC_CLK_TCK")
+        own, kids = self._tree_cpu()
+        self.cpu, self.kids_cpu = own - self.o0, max(0.0, kids - self.k0)
+        self.others_busy_cores = max(0.0, (busy - self.cpu - self.kids_cpu) / max(self.wall, 1e-9))
+        return False
+
+    def summary(self) -> dict:
+        return {"wall_s": round(self.wall, 3), "cpu_s": round(self.cpu, 2),
+                "subprocess_cpu_s": round(self.kids_cpu, 2), "others_busy_cores": round(self.others_busy_cores, 2)}
+
+
 def child_flow(spec: dict) -> None:
-    """Flow overhead: warm-up flow, then a timed flow run and a timed direct run of the same fresh work."""
+    """Flow overhead: warm-up flow, then per pair a timed flow run and a timed direct run of the same fresh work."""
     os.environ["COOPFLOW_HOME"] = spec["home"]
     from flows.env import configure
 
@@ -163,20 +216,22 @@ def child_flow(spec: dict) -> None:
     from schemas.config import load_config
     from stages.run_direct import run_direct
 
-    Meter = shared_common().Meter
-    out: dict = {"torch_threads": torch.get_num_threads()}
+    out: dict = {"torch_threads": torch.get_num_threads(), "pairs": []}
     # As flows/cli.py: no heartbeat thread for a foreground run.
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        with Meter() as m:
+        with TreeMeter() as m:
             warm = train_magrpo(config=spec["warmup"])
         out["warmup"] = {"wall_s": m.wall, "meter": m.summary(), "env_steps": warm.get("env_steps")}
-        with Meter() as m:
-            flow = train_magrpo(config=spec["flow"])
-        out["flow"] = {"wall_s": m.wall, "meter": m.summary(), "summary": flow}
-    cfg = load_config(base=spec["direct"])
-    with Meter() as m:
-        direct = run_direct(cfg)
-    out["direct"] = {"wall_s": m.wall, "meter": m.summary(), "summary": _add_loop_rate(direct, Path(spec["direct"]["data_dir"]))}
+        for pair in spec["pairs"]:
+            with TreeMeter() as m:
+                flow = train_magrpo(config=pair["flow"])
+            rec = {"flow": {"wall_s": m.wall, "meter": m.summary(), "summary": flow}}
+            cfg = load_config(base=pair["direct"])
+            with TreeMeter() as m:
+                direct = run_direct(cfg)
+            rec["direct"] = {"wall_s": m.wall, "meter": m.summary(),
+                             "summary": _add_loop_rate(direct, Path(pair["direct"]["data_dir"]))}
+            out["pairs"].append(rec)
     print(MARK + json.dumps(out, default=str), flush=True)
 
 
@@ -244,7 +299,7 @@ def child_env() -> dict:
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("WANDB_MODE", "disabled")
-    env["SHARED_DIR"] = str(SHARED_BENCH.parent)
+    env["SHARED_DIR"] = str(SHARED_BENCH)
     return env
 
 
@@ -288,37 +343,57 @@ def f(v, spec=".2f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+NOISY = 0.5  # others_busy_cores above this: the timing is not a clean measurement
+
+
+def busy(v) -> str:
+    return "-" if v is None else f"{v:.2f}" + ("!" if v > NOISY else "")
+
+
 def print_table(results: dict) -> None:
-    rows = [("workload", "peer st/s", "cf st/s", "cf/peer", "cf loop st/s", "peer rew f→l", "cf rew f→l",
-             "busy peer", "busy cf")]
+    rows = [("workload", "cf mode", "peer st/s", "cf st/s", "cf/peer", "cf loop st/s", "peer rew f→l", "cf rew f→l",
+             "cf eval", "busy peer", "busy cf")]
     for name, r in results["workloads"].items():
         p = (r.get("peer") or {}).get("result") or {}
-        c = (r.get("coopflow") or {}).get("result") or {}
-        ps, cs = p.get("env_steps_per_s"), c.get("env_steps_per_s")
         w = r["spec"]
         label = f"{name}: {w['model']} K={w['K']} {w['tokens']}tok rbs{w['rbs']} {w['items']}x{w['epochs']}"
-        rows.append((label, f(ps), f(cs), f(cs / ps if ps and cs else None) + ("x" if ps and cs else ""),
-                     f(c.get("loop_env_steps_per_s")),
-                     f"{f(p.get('reward_first'))}→{f(p.get('reward_last'))}",
-                     f"{f(c.get('reward_first'))}→{f(c.get('reward_last'))}",
-                     f((r.get("peer") or {}).get("meter", {}).get("others_busy_cores")),
-                     f((r.get("coopflow") or {}).get("meter", {}).get("others_busy_cores"))))
+        for tag in [k for k in ("coopflow", "coopflow_mp") if k in r]:
+            c = (r.get(tag) or {}).get("result") or {}
+            ps, cs = p.get("env_steps_per_s"), c.get("env_steps_per_s")
+            rows.append((label, "seq" if tag == "coopflow" else "mp", f(ps), f(cs),
+                         f(cs / ps if ps and cs else None) + ("x" if ps and cs else ""),
+                         f(c.get("loop_env_steps_per_s")),
+                         f"{f(p.get('reward_first'))}→{f(p.get('reward_last'))}",
+                         f"{f(c.get('reward_first'))}→{f(c.get('reward_last'))}",
+                         f((c.get("eval") or {}).get("eval/turn_1/reward_mean")),
+                         busy((r.get("peer") or {}).get("meter", {}).get("others_busy_cores")),
+                         busy((r.get(tag) or {}).get("meter", {}).get("others_busy_cores"))))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     print()
-    for i, row in enumerate(rows):
+    for i, row in enumerate(rows if len(rows) > 1 else []):
         print("  ".join(str(c).ljust(widths[j]) if j == 0 else str(c).rjust(widths[j]) for j, c in enumerate(row)))
         if i == 0:
             print("  ".join("-" * w for w in widths))
-    print("st/s = env_steps/s (joint actions scored per train second); cf = coopflow run_direct "
-          "(train_seconds include taskset + model load + checkpoint; 'cf loop' = generate+score+update only); "
-          "busy = cores other processes kept busy during the child (0 clean .. 2 saturated)")
+    if len(rows) > 1:
+        print("st/s = env_steps/s (joint actions scored per train second; both sides exclude model loading); "
+              "cf = coopflow run_direct (train_seconds = update loop + checkpoint writes; 'cf loop' = "
+              "generate+score+update only); cf mode: seq = agents in one process, mp = a worker process per agent; "
+              "busy = cores other processes kept busy during the child (0 clean .. 2 saturated; '!' = noisy, > "
+              f"{NOISY})")
     fo = results.get("flow_overhead")
     if fo:
-        if fo.get("flow_s") is not None:
-            print(f"\nflow overhead (workload b, same process, after a warm-up flow): flow {fo['flow_s']:.2f} s, "
-                  f"direct {fo['direct_s']:.2f} s -> overhead (flow-direct)/flow = {fo['overhead_pct']:.1f} % "
-                  f"(warm-up {fo['warmup_s']:.1f} s; others busy: flow {f(fo['others_busy_flow'])}, "
-                  f"direct {f(fo['others_busy_direct'])} cores)")
+        if fo.get("pairs"):
+            n = len(fo["pairs"])
+            print(f"\nflow overhead (workload b, one process, after a {fo['warmup_s']:.1f} s warm-up flow"
+                  + (f", medians of {n} pairs" if n > 1 else "") + f"): flow {fo['flow_s']:.2f} s, direct "
+                  f"{fo['direct_s']:.2f} s -> overhead (flow-direct)/flow = {fo['overhead_pct']:.1f} %"
+                  + (" (median of the pairs' overheads)" if n > 1 else ""))
+            for p in fo["pairs"]:
+                noisy = max(p["others_busy_flow"], p["others_busy_direct"]) > NOISY
+                print(f"  flow {p['flow_s']:.2f} s (train {f(p['flow_train_s'])} s, CPU {p['flow_cpu_s']:.1f} s + "
+                      f"{p['flow_subprocess_cpu_s']:.1f} s Prefect server)  direct {p['direct_s']:.2f} s (train "
+                      f"{f(p['direct_train_s'])} s, CPU {p['direct_cpu_s']:.1f} s)  overhead {p['overhead_pct']:.1f} %  "
+                      f"others busy {p['others_busy_flow']:.2f}/{p['others_busy_direct']:.2f}" + ("  NOISY" if noisy else ""))
         else:
             print(f"\nflow overhead: FAILED ({fo.get('error')})")
     print()
@@ -326,9 +401,14 @@ def print_table(results: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workloads", nargs="+", default=["a", "b"], choices=sorted(WORKLOADS))
+    ap.add_argument("--workloads", nargs="*", default=["a", "b"], choices=sorted(WORKLOADS),
+                    help="workloads to compare (none: only the flow-overhead measurement)")
     ap.add_argument("--skip-peer", action="store_true", help="run coopflow only (no peer venv needed if models exist)")
     ap.add_argument("--skip-flow", action="store_true", help="skip the flow-overhead measurement")
+    ap.add_argument("--modes", nargs="+", default=["seq", "mp"], choices=sorted(MODES),
+                    help="coopflow variants: seq (agents in one process), mp (one worker process per agent)")
+    ap.add_argument("--flow-repeats", type=int, default=1,
+                    help="timed (flow, direct) pairs after the warm-up flow; the overhead reported is the median")
     ap.add_argument("--quiet-wait", type=float, default=240,
                     help="max seconds to wait for a quiet machine before each timed child (0 = no wait)")
     ap.add_argument("--timeout", type=float, default=1800, help="per-child timeout in seconds")
@@ -368,30 +448,37 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"peer: {r['result']['env_steps_per_s']:.2f} env_steps/s, others busy "
                         f"{r['meter']['others_busy_cores']}")
             taskset = write_taskset(tmp / f"prompts-{name}.jsonl", w["items"])
-            cfg = coopflow_config(w, taskset, tmp / f"data-{name}")
-            rec["coopflow_config"] = cfg
-            rec["coopflow_quiet"] = wait_quiet(args.quiet_wait)
-            log(f"workload {name}: coopflow run_direct")
-            r = run_child("direct", {"config": cfg}, tmp, args.timeout)
-            rec["coopflow"] = _strip(r)
-            if r["result"] is None:
-                failures += 1
-                log(f"coopflow failed rc={r['rc']}:\n{_tail(r)}")
-            else:
-                log(f"coopflow: {r['result']['env_steps_per_s']:.2f} env_steps/s, others busy "
-                    f"{r['meter']['others_busy_cores']}")
+            for mode in args.modes:
+                over = MODES[mode]
+                cfg = coopflow_config(w, taskset, tmp / f"data-{name}-{mode}", **over)
+                tag = "coopflow" if mode == "seq" else f"coopflow_{mode}"
+                rec[f"{tag}_config"] = cfg
+                rec[f"{tag}_quiet"] = wait_quiet(args.quiet_wait)
+                log(f"workload {name}: coopflow run_direct ({mode})")
+                r = run_child("direct", {"config": cfg}, tmp, args.timeout)
+                rec[tag] = _strip(r)
+                if r["result"] is None:
+                    failures += 1
+                    log(f"coopflow ({mode}) failed rc={r['rc']}:\n{_tail(r)}")
+                else:
+                    log(f"coopflow ({mode}): {r['result']['env_steps_per_s']:.2f} env_steps/s, others busy "
+                        f"{r['meter']['others_busy_cores']}")
 
         if not args.skip_flow:
             w = WORKLOADS["b"]
             home = tmp / "flow-home"
             warm_ts = write_taskset(tmp / "prompts-flow-warmup.jsonl", w["items"])
-            flow_ts = write_taskset(tmp / "prompts-flow-timed.jsonl", w["items"])  # new taskset key: nothing cached
-            spec = {"home": str(home),
-                    "warmup": coopflow_config(w, warm_ts, None, seed=1001, max_new_tokens=4),
-                    "flow": coopflow_config(w, flow_ts, None, seed=7),
-                    "direct": coopflow_config(w, flow_ts, tmp / "flow-direct-data", seed=7)}
+            pairs = []
+            for i in range(args.flow_repeats):
+                # A new taskset file (new taskset key) and seed per pair: nothing the flow runs is cached.
+                ts = write_taskset(tmp / f"prompts-flow-timed-{i}.jsonl", w["items"])
+                pairs.append({"flow": coopflow_config(w, ts, None, seed=7 + i),
+                              "direct": coopflow_config(w, ts, tmp / f"flow-direct-data-{i}", seed=7 + i)})
+            spec = {"home": str(home), "warmup": coopflow_config(w, warm_ts, None, seed=1001, max_new_tokens=4),
+                    "pairs": pairs}
             fo: dict = {"spec": spec, "quiet": wait_quiet(args.quiet_wait)}
-            log("flow overhead: warm-up flow, timed flow, timed run_direct (workload b, one process)")
+            log(f"flow overhead: warm-up flow, then {args.flow_repeats}x (timed flow, timed run_direct) "
+                "on workload b in one process")
             r = run_child("flow", spec, tmp, args.timeout)
             fo["run"] = _strip(r)
             res = r["result"]
@@ -400,17 +487,23 @@ def main(argv: list[str] | None = None) -> int:
                 fo["error"] = f"rc={r['rc']}"
                 log(f"flow-overhead child failed rc={r['rc']}:\n{_tail(r)}")
             else:
-                fl, di = res["flow"], res["direct"]
-                fo.update(flow_s=fl["wall_s"], direct_s=di["wall_s"], warmup_s=res["warmup"]["wall_s"],
-                          overhead_pct=100.0 * (fl["wall_s"] - di["wall_s"]) / fl["wall_s"],
-                          others_busy_flow=fl["meter"]["others_busy_cores"],
-                          others_busy_direct=di["meter"]["others_busy_cores"],
-                          flow_env_steps=fl["summary"].get("env_steps"), direct_env_steps=di["summary"].get("env_steps"),
-                          flow_train_s=fl["summary"].get("train_seconds"),
-                          direct_train_s=di["summary"].get("train_seconds"),
-                          flow_reward_first_last=[fl["summary"].get("reward_first"), fl["summary"].get("reward_last")],
-                          direct_reward_first_last=[di["summary"].get("reward_first"),
-                                                    di["summary"].get("reward_last")])
+                fo["warmup_s"] = res["warmup"]["wall_s"]
+                fo["pairs"] = []
+                for p in res["pairs"]:
+                    fl, di = p["flow"], p["direct"]
+                    fo["pairs"].append(dict(
+                        flow_s=fl["wall_s"], direct_s=di["wall_s"],
+                        overhead_pct=100.0 * (fl["wall_s"] - di["wall_s"]) / fl["wall_s"],
+                        flow_cpu_s=fl["meter"]["cpu_s"], flow_subprocess_cpu_s=fl["meter"]["subprocess_cpu_s"],
+                        direct_cpu_s=di["meter"]["cpu_s"],
+                        others_busy_flow=fl["meter"]["others_busy_cores"],
+                        others_busy_direct=di["meter"]["others_busy_cores"],
+                        flow_env_steps=fl["summary"].get("env_steps"), direct_env_steps=di["summary"].get("env_steps"),
+                        flow_train_s=fl["summary"].get("train_seconds"), direct_train_s=di["summary"].get("train_seconds"),
+                        flow_reward_first_last=[fl["summary"].get("reward_first"), fl["summary"].get("reward_last")],
+                        direct_reward_first_last=[di["summary"].get("reward_first"), di["summary"].get("reward_last")]))
+                med = lambda k: statistics.median(p[k] for p in fo["pairs"])  # noqa: E731
+                fo.update(flow_s=med("flow_s"), direct_s=med("direct_s"), overhead_pct=med("overhead_pct"))
             results["flow_overhead"] = fo
 
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")

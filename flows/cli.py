@@ -52,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--config", help="default config_path parameter of the deployments")
     s.add_argument("--port", type=int, default=4200)
     sub.add_parser("flows", help="list the flows")
+    sub.add_parser("config-reference", help="print the config reference (markdown table) used in README.md")
     return p
 
 
@@ -59,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return {"run": _run, "validate": _validate, "tiny-model": _tiny, "serve": _serve,
-                "flows": _flows}[args.cmd](args)
+                "flows": _flows,
+                "config-reference": _config_reference}[args.cmd](args)
     except KeyboardInterrupt:
         print("interrupted; completed segments are checkpointed, rerun the same command to resume",
               file=sys.stderr)
@@ -89,6 +91,34 @@ def _flows(args) -> int:
     return 0
 
 
+def config_reference() -> str:
+    """Markdown table of every config field: dotted path, default, one-line doc."""
+    from pydantic_core import PydanticUndefined
+
+    from schemas.config import (AgentsConfig, FormatterConfig, MAGRPOConfig, RewardConfig, RunConfig, TasksetConfig,
+                                TrackingConfig)
+
+    def show(v) -> str:
+        return "`" + json.dumps(v) + "`"
+
+    lines = ["| field | default | meaning |", "|---|---|---|"]
+    sections = [(RunConfig, ""), (AgentsConfig, "agents."), (TasksetConfig, "taskset."), (RewardConfig, "reward."),
+                (FormatterConfig, "formatters[i]."), (MAGRPOConfig, "trainer."), (TrackingConfig, "tracking.")]
+    for model, prefix in sections:
+        for name, f in model.model_fields.items():
+            d = f.default
+            if d is PydanticUndefined:
+                d = f.default_factory() if f.default_factory else None
+            default = "(section)" if hasattr(d, "model_dump") else show(d)
+            lines.append(f"| `{prefix}{name}` | {default} | {f.description} |")
+    return "\n".join(lines)
+
+
+def _config_reference(args) -> int:
+    print(config_reference())
+    return 0
+
+
 def _tiny(args) -> int:
     from stages.models import build_tiny_model
 
@@ -103,6 +133,9 @@ def _run(args) -> int:
     from flows.env import configure
 
     configure(cfg.data_dir)
+    if not os.environ.get("PREFECT_API_URL") and _healthy("http://127.0.0.1:4200/api"):
+        # A local server is up (e.g. from `coopflow serve`): use it instead of starting an ephemeral one.
+        os.environ["PREFECT_API_URL"] = "http://127.0.0.1:4200/api"
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     from flows.train import FLOWS

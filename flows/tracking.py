@@ -116,15 +116,15 @@ class Tracker:
 
 
 def reward_curve_png(env_steps: list[int], rewards: list[float], title: str) -> bytes:
-    """A small PNG of the training reward curve (matplotlib, Agg backend)."""
+    """A small PNG of the training reward curve (matplotlib's Figure + Agg canvas, no pyplot)."""
     import io
 
-    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=100)
+    fig = Figure(figsize=(6, 3.2), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     ax.plot(env_steps, rewards, marker=".", linewidth=1)
     ax.set_xlabel("env_step")
     ax.set_ylabel("turn_1/reward_mean")
@@ -133,5 +133,4 @@ def reward_curve_png(env_steps: list[int], rewards: list[float], title: str) -> 
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
-    plt.close(fig)
     return buf.getvalue()

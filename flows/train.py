@@ -17,7 +17,6 @@ cache is off (NO_CACHE): a stale Prefect cache entry could point at a deleted ar
 No `from __future__ import annotations` here: it breaks Prefect's parameter schema for deployments.
 """
 
-import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -158,8 +157,7 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
         summary: dict[str, Any] = {"algorithm": algorithm, "run_key": run_key, "mlflow_run_id": run_id}
 
         # --- train (segment by segment; cached segments return their stored refs)
-        t0 = time.perf_counter()
-        ckpt, key, steps_refs, steps_rows, cached = None, ctx.start_key, [], [], []
+        ckpt, key, steps_refs, steps_rows, cached, metric_refs = None, ctx.start_key, [], [], [], []
         if "train" in stages:
             if "train" in refresh:
                 raise ConfigError("refresh=['train'] is not supported: training artifacts are input-addressed and "
@@ -170,13 +168,15 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
                 steps_refs.append(res["steps"])
                 cached.append(res["cached"])
                 tracker.log_metrics(store.read_rows(res["metrics"]))
+                metric_refs.append(res["metrics"])
                 tracker.record(f"checkpoint.segment_{i}", ckpt)
         elif "evaluate" in stages:
             ckpt = store.find("checkpoint", run_key)
             if ckpt is None:
                 raise ConfigError("no trained checkpoint for this config yet: run the 'train' stage first")
             steps_refs = [store.find("steps", k) for k in ends]
-        train_s = time.perf_counter() - t0
+            metric_refs = [r for r in (store.find("metrics", k) for k in ends) if r is not None]
+        train_s, load_s = T.train_seconds(store, metric_refs)
         for ref in steps_refs:
             if ref is not None:
                 tracker.record("steps", ref)
@@ -192,7 +192,7 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
             tracker.record("checkpoint.final", ckpt, tag=True)
             first, last = T.first_last_fifth([r["reward_mean"] for r in steps_rows])
             summary.update(env_steps=env_steps, reward_first=first, reward_last=last, train_seconds=train_s,
-                           env_steps_per_s=(env_steps / train_s) if train_s > 0 and not all(cached) else None,
+                           load_seconds=load_s, env_steps_per_s=(env_steps / train_s) if train_s > 0 else None,
                            checkpoint=str(store.open_dir(ckpt)), segments_cached=cached)
 
         # --- evaluate

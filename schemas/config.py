@@ -141,8 +141,11 @@ class MAGRPOConfig(_Strict):
     agent_learning_rate: float = Field(5e-6, gt=0, description="AdamW learning rate of every agent.")
     logging_steps: int = Field(50, ge=1, description="Minimum env_step gap between two training metric logs.")
     num_agents: int | None = Field(None, ge=1, description="Alias of agents.num_agents (must agree when both set).")
-    parallel_training: str | None = Field("none", description="none | mp (per-agent workers; mp needs agent_devices).")
-    agent_devices: str | list[str] | None = Field(None, description="Device per agent; required for mp.")
+    parallel_training: str | None = Field(
+        "none", description="none (agents in this process) | mp (one persistent worker process per agent; "
+                            "generate and update run concurrently; needs agent_devices).")
+    agent_devices: str | list[str] | None = Field(
+        None, description="Device per agent for mp ('cpu', 'cuda:0', ...); a single value is broadcast.")
     num_generations: int = Field(4, ge=2, description="K completions per agent per prompt (group baseline needs >= 2).")
     max_new_tokens: int = Field(256, ge=1, description="Maximum generated tokens per completion.")
     temperature: float = Field(0.6, gt=0, description="Sampling temperature.")
@@ -243,8 +246,6 @@ class RunConfig(_Strict):
                              "does not support yet; set trainer.num_turns: 1")
         if t.reference_kl_enabled:
             raise ValueError("trainer.reference_kl_enabled: reference-model KL is not supported in this release")
-        if t.parallel_training == "mp":
-            raise ValueError("trainer.parallel_training='mp' is not supported in this release; use 'none'")
         if isinstance(self.formatters, list) and len(self.formatters) != self.agents.n:
             raise ValueError(f"formatters has {len(self.formatters)} entries but there are {self.agents.n} agents")
         return self

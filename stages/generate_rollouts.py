@@ -90,10 +90,10 @@ def generate_rollouts(policies: Policies, agent_prompts: list[list[str]], item_i
                       sampling: SamplingConfig, seed: int, step: int, turn: int = 0) -> list[dict]:
     """Rollout rows for every agent × item × sample; agent_prompts[i][j] is agent i's prompt for item j."""
     k = sampling.num_generations
+    outs = policies.run("generate", [(agent_prompts[a], k, sampling, derive_seed(seed, step, turn, a))
+                                     for a in range(policies.n)])
     rows: list[dict] = []
-    for agent in range(policies.n):
-        model, tok = policies.models[agent], policies.tokenizers[agent]
-        gen = generate_for_agent(model, tok, agent_prompts[agent], k, sampling, derive_seed(seed, step, turn, agent))
+    for agent, gen in enumerate(outs):
         for j, item_id in enumerate(item_ids):
             for s in range(k):
                 p_ids, c_ids, text, finished = gen[j * k + s]

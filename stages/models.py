@@ -4,9 +4,11 @@
   small word list, so tests, CI and the quickstart never download anything.
 - `resolve_source(src)`: 'tiny' -> the tiny model artifact; a local dir; otherwise an HF id
   (which works when the user has it cached or has network).
-- `Policies`: the live per-agent models, tokenizers and AdamW optimizers of one training run;
-  `save_checkpoint` / `load_checkpoint` turn it into / from a checkpoint directory
-  (`agent_i/` save_pretrained dirs + `optimizer/agent_i.pt` + `trainer_state.json`).
+- `AgentState` / `Policies`: the live per-agent models, tokenizers and AdamW optimizers of one
+  training run, driven through per-agent ops (`stages/agent_ops.py`); `save_checkpoint` /
+  `load_checkpoint` turn them into / from a checkpoint directory (`agent_i/` save_pretrained dirs +
+  `optimizer/agent_i.pt` + `trainer_state.json`). `stages/agent_workers.py` runs the same ops with
+  one process per agent (`parallel_training: mp`).
 - `LIVE`: an in-process cache so consecutive training segments reuse the in-memory policies
   instead of reloading the checkpoint the previous segment just wrote.
 """
@@ -117,66 +119,100 @@ def load_agent(source: str | Path, dtype: str = "float32", attn_implementation: 
 
 
 @dataclass
-class Policies:
-    """Live agents of one run: models[i], tokenizers[i], optimizers[i] (created on first update)."""
+class AgentState:
+    """One live agent: its model, tokenizer and (after the first update) AdamW optimizer."""
 
-    models: list
-    tokenizers: list
-    optimizers: list = field(default_factory=list)
-    lr: float = 5e-6
+    model: object
+    tokenizer: object
+    lr: float
+    optimizer: object = None
+
+    def ensure_optimizer(self):
+        """Per-agent AdamW (the reference's optimizer; fused kernels where torch has them)."""
+        if self.optimizer is None:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            try:
+                self.optimizer = torch.optim.AdamW(params, lr=self.lr, fused=True)
+            except (RuntimeError, TypeError):
+                self.optimizer = torch.optim.AdamW(params, lr=self.lr)
+        return self.optimizer
+
+
+def load_agent_state(source: str | Path, lr: float, dtype: str = "float32", attn_implementation: str | None = "sdpa",
+                     device: str = "cpu", optimizer_file: Path | None = None) -> AgentState:
+    """Load one agent (and its optimizer state when a checkpoint has one)."""
+    model, tok = load_agent(source, dtype, attn_implementation, device)
+    agent = AgentState(model, tok, lr)
+    if optimizer_file is not None and Path(optimizer_file).is_file():
+        agent.ensure_optimizer().load_state_dict(torch.load(optimizer_file, map_location=resolve_device(device)))
+    return agent
+
+
+def save_agent(agent: AgentState, out: Path, index: int) -> None:
+    """Write agent_i/ (HF save_pretrained dir + tokenizer) and optimizer/agent_i.pt."""
+    agent.model.save_pretrained(out / f"agent_{index}")
+    agent.tokenizer.save_pretrained(out / f"agent_{index}")
+    if agent.optimizer is not None:
+        (out / "optimizer").mkdir(exist_ok=True)
+        torch.save(agent.optimizer.state_dict(), out / "optimizer" / f"agent_{index}.pt")
+
+
+@dataclass
+class Policies:
+    """Live agents of one run, in this process; `run(op, args)` applies a per-agent op to each in order.
+
+    `stages.agent_workers.WorkerPolicies` has the same interface with one process per agent.
+    """
+
+    agents: list[AgentState]
     state: dict = field(default_factory=dict)  # update, env_step, ... of the last completed update
 
     @property
     def n(self) -> int:
-        return len(self.models)
+        return len(self.agents)
 
-    def ensure_optimizers(self) -> None:
-        """Per-agent AdamW (the reference's optimizer; fused kernels where torch has them)."""
-        if self.optimizers:
-            return
-        for m in self.models:
-            params = [p for p in m.parameters() if p.requires_grad]
-            try:
-                opt = torch.optim.AdamW(params, lr=self.lr, fused=True)
-            except (RuntimeError, TypeError):
-                opt = torch.optim.AdamW(params, lr=self.lr)
-            self.optimizers.append(opt)
+    @property
+    def tokenizers(self) -> list:
+        return [a.tokenizer for a in self.agents]
+
+    def run(self, op: str, per_agent_args: list[tuple]) -> list:
+        """Apply agent op `op` (see stages.agent_ops.OPS) to every agent; results in agent order."""
+        from stages.agent_ops import OPS
+
+        return [OPS[op](agent, *args) for agent, args in zip(self.agents, per_agent_args)]
+
+    def close(self) -> None:
+        """Release resources (nothing to do in-process)."""
 
 
 def load_policies(sources: list[str | Path], lr: float, dtype: str = "float32",
-                  attn_implementation: str | None = "sdpa", device: str = "cpu") -> Policies:
+                  attn_implementation: str | None = "sdpa", device: str = "cpu",
+                  optimizer_files: list[Path | None] | None = None) -> Policies:
     """Load every agent from its source dir/id."""
-    models, toks = [], []
-    for src in sources:
-        m, t = load_agent(src, dtype, attn_implementation, device)
-        models.append(m)
-        toks.append(t)
-    return Policies(models=models, tokenizers=toks, lr=lr)
+    opts = optimizer_files or [None] * len(sources)
+    return Policies([load_agent_state(src, lr, dtype, attn_implementation, device, o) for src, o in zip(sources, opts)])
 
 
-def save_checkpoint(policies: Policies, out: Path, state: dict) -> None:
+def checkpoint_sources(path: Path, n_agents: int) -> tuple[list[Path], list[Path], dict]:
+    """Agent dirs, optimizer files and trainer state of a checkpoint dir."""
+    state_file = path / "trainer_state.json"
+    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    return ([path / f"agent_{i}" for i in range(n_agents)],
+            [path / "optimizer" / f"agent_{i}.pt" for i in range(n_agents)], state)
+
+
+def save_checkpoint(policies, out: Path, state: dict) -> None:
     """Write agent_i/ (HF dirs), optimizer/agent_i.pt and trainer_state.json into `out`."""
-    for i, (m, t) in enumerate(zip(policies.models, policies.tokenizers)):
-        m.save_pretrained(out / f"agent_{i}")
-        t.save_pretrained(out / f"agent_{i}")
-    if policies.optimizers:
-        (out / "optimizer").mkdir(exist_ok=True)
-        for i, opt in enumerate(policies.optimizers):
-            torch.save(opt.state_dict(), out / "optimizer" / f"agent_{i}.pt")
+    policies.run("save", [(out, i) for i in range(policies.n)])
     (out / "trainer_state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
 
 
 def load_checkpoint(path: Path, n_agents: int, lr: float, dtype: str = "float32",
                     attn_implementation: str | None = "sdpa", device: str = "cpu") -> Policies:
     """Inverse of save_checkpoint: models, tokenizers, optimizer state and trainer state."""
-    pol = load_policies([path / f"agent_{i}" for i in range(n_agents)], lr, dtype, attn_implementation, device)
-    opt_dir = path / "optimizer"
-    if opt_dir.is_dir():
-        pol.ensure_optimizers()
-        for i, opt in enumerate(pol.optimizers):
-            opt.load_state_dict(torch.load(opt_dir / f"agent_{i}.pt", map_location=resolve_device(device)))
-    state_file = path / "trainer_state.json"
-    pol.state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    dirs, opts, state = checkpoint_sources(path, n_agents)
+    pol = load_policies(dirs, lr, dtype, attn_implementation, device, opts)
+    pol.state = state
     return pol
 
 
@@ -194,10 +230,14 @@ class LivePolicies:
             return pol
         return None
 
-    def put(self, key: str, policies: Policies) -> None:
+    def put(self, key: str, policies) -> None:
+        if self.policies is not None and self.policies is not policies:
+            self.policies.close()
         self.key, self.policies = key, policies
 
     def clear(self) -> None:
+        if self.policies is not None:
+            self.policies.close()
         self.key, self.policies = None, None
 
 

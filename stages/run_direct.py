@@ -9,24 +9,32 @@ import time
 from artifacts import ArtifactStore
 from schemas.config import RunConfig
 from stages.build_taskset import build_taskset
-from stages.train_online import evaluate_checkpoint, first_last_fifth, make_context, segment_end_keys, train_segment
+from stages.train_online import (evaluate_checkpoint, first_last_fifth, make_context, segment_end_keys, train_seconds,
+                                 train_segment)
 
 
 def run_direct(cfg: RunConfig, store: ArtifactStore | None = None, show_progress: bool = False) -> dict:
-    """Train and evaluate; returns a summary dict (env_steps, reward_first/last, eval, checkpoint, ...)."""
+    """Train and evaluate; returns a summary dict (env_steps, reward_first/last, eval, checkpoint, ...).
+
+    `train_seconds` is the training loop (generate, score, update, checkpoint) without model loading,
+    which is reported as `load_seconds`; `wall_seconds` covers everything up to the final evaluation.
+    """
     store = store or ArtifactStore(cfg.resolved_data_dir() / "artifacts")
     t0 = time.perf_counter()
     ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
-    ckpt, key, rewards = None, ctx.start_key, []
+    ckpt, key, rewards, metrics = None, ctx.start_key, [], []
     ends = segment_end_keys(ctx)
     for i in range(len(ctx.segments)):
         res = train_segment(ctx, i, ckpt, key, show_progress=show_progress)
         ckpt, key = res.checkpoint, res.checkpoint.key
         assert key == ends[i]
         rewards += [r["reward_mean"] for r in store.read_rows(res.steps)]
-    train_s = time.perf_counter() - t0
+        metrics.append(res.metrics)
+    wall_s = time.perf_counter() - t0
+    train_s, load_s = train_seconds(store, metrics)
     _, ev = evaluate_checkpoint(ctx, ckpt)
     first, last = first_last_fifth(rewards)
     env = ctx.updates[-1].env_step_base + len(ctx.updates[-1].item_ids) * ctx.joint_actions_per_item()
     return {"env_steps": env, "reward_first": first, "reward_last": last, "train_seconds": train_s,
-            "env_steps_per_s": env / train_s, "eval": ev, "checkpoint": str(store.open_dir(ckpt))}
+            "load_seconds": load_s, "wall_seconds": wall_s, "env_steps_per_s": env / train_s, "eval": ev,
+            "checkpoint": str(store.open_dir(ckpt))}

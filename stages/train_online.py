@@ -38,7 +38,7 @@ from stages.compute_advantages import compute_advantages
 from stages.evaluate import evaluate
 from stages.formatters import build_formatter
 from stages.generate_rollouts import SamplingConfig, derive_seed, generate_rollouts
-from stages.models import LIVE, Policies, build_tiny_model, load_checkpoint, load_policies
+from stages.models import LIVE, Policies, build_tiny_model, checkpoint_sources, load_policies
 from stages.rewards import RewardCaller, resolve_processor, resolve_reward, reward_identity
 from stages.score_rewards import joint_combos, score_rewards
 from stages.update_policies import update_policies
@@ -202,27 +202,38 @@ def segment_end_keys(ctx: RunContext) -> list[str]:
 # --- policies at a segment boundary --------------------------------------------------------------
 
 
-def acquire_policies(ctx: RunContext, start: ArtifactRef | None, start_key: str) -> Policies:
+def _open_policies(ctx: RunContext, sources: list, optimizer_files: list | None, state: dict):
+    """In-process Policies, or one worker process per agent when parallel_training is 'mp'."""
+    a, t = ctx.cfg.agents, ctx.cfg.trainer
+    if t.parallel_training == "mp":
+        from stages.agent_workers import WorkerPolicies, agent_devices
+
+        pol = WorkerPolicies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation,
+                             agent_devices(t.agent_devices, ctx.n, a.device), optimizer_files)
+    else:
+        pol = load_policies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, a.device, optimizer_files)
+    pol.state = state
+    return pol
+
+
+def acquire_policies(ctx: RunContext, start: ArtifactRef | None, start_key: str):
     """Live policies for a segment start: in-memory when possible, else the checkpoint, else the sources."""
-    a, lr = ctx.cfg.agents, ctx.cfg.trainer.agent_learning_rate
     pol = LIVE.take(start_key)
     if pol is not None:
         return pol
+    LIVE.clear()
     if start is None:
-        pol = load_policies(ctx.sources, lr, a.dtype, a.attn_implementation, a.device)
-        pol.state = {"update": 0, "env_step": 0, "last_logged": None}
-        return pol
-    path = ctx.store.open_dir(start)
-    return load_checkpoint(path, ctx.n, lr, a.dtype, a.attn_implementation, a.device)
+        return _open_policies(ctx, ctx.sources, None, {"update": 0, "env_step": 0, "last_logged": None})
+    dirs, opts, state = checkpoint_sources(ctx.store.open_dir(start), ctx.n)
+    return _open_policies(ctx, dirs, opts, state)
 
 
-def peek_policies(ctx: RunContext, ckpt: ArtifactRef) -> Policies:
+def peek_policies(ctx: RunContext, ckpt: ArtifactRef):
     """Policies of a checkpoint for read-only use (evaluation), reusing the live copy if it matches."""
     if LIVE.key == ckpt.key and LIVE.policies is not None:
         return LIVE.policies
-    a = ctx.cfg.agents
-    pol = load_checkpoint(ctx.store.open_dir(ckpt), ctx.n, ctx.cfg.trainer.agent_learning_rate, a.dtype,
-                          a.attn_implementation, a.device)
+    dirs, opts, state = checkpoint_sources(ctx.store.open_dir(ckpt), ctx.n)
+    pol = _open_policies(ctx, dirs, opts, state)
     LIVE.put(ckpt.key, pol)
     return pol
 
@@ -262,7 +273,9 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     done = [store.find(kind, end_key) for kind in ("checkpoint", "steps", "metrics")]
     if all(done):  # the whole segment is already stored: nothing to run
         return SegmentResult(done[0], done[1], done[2], {}, cached=True)
+    t_load = time.perf_counter()
     pol = acquire_policies(ctx, start, start_key)
+    t_train = time.perf_counter()
     fmts = formatters_for(ctx, pol)
     state = dict(pol.state)
     policy_key = start_key
@@ -357,6 +370,8 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     ckpt = store.put_dir("checkpoint", ckpt_key, lambda d: save_checkpoint(pol, d, state))
     CALLS["checkpoint"] += 1
     timing["checkpoint_s"] += time.perf_counter() - t0
+    timing["load_s"] = t_train - t_load
+    timing["train_s"] = time.perf_counter() - t_train  # the update loop + checkpoint, without model loading
     LIVE.put(ckpt_key, pol)
     env_end = state["env_step"]
     total_t = sum(timing[k] for k in ("generate_s", "score_s", "update_s"))
@@ -371,6 +386,18 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     steps = store.put_table("steps", ckpt_key, steps_rows)
     metrics = store.put_table("metrics", ckpt_key, metric_rows)
     return SegmentResult(ckpt, steps, metrics, dict(executed))
+
+
+def train_seconds(store: ArtifactStore, metrics_refs: list[ArtifactRef]) -> tuple[float, float]:
+    """(training seconds without model loading, model loading seconds) summed over segments' stored metrics."""
+    train = load = 0.0
+    for ref in metrics_refs:
+        for r in store.read_rows(ref):
+            if r["key"] == "timing/train_s":
+                train += r["value"]
+            elif r["key"] == "timing/load_s":
+                load += r["value"]
+    return train, load
 
 
 def first_last_fifth(values: list[float]) -> tuple[float | None, float | None]:

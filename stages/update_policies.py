@@ -18,7 +18,7 @@ import torch
 
 from stages.generate_rollouts import derive_seed
 from stages.logprobs import sequence_logprobs
-from stages.models import Policies
+from stages.models import AgentState, Policies
 
 
 def _node_samples(rollouts: list[dict], adv: dict[tuple, float], agent: int) -> dict[int, list[list[dict]]]:
@@ -50,31 +50,43 @@ def policy_loss(model, samples: list[list[dict]], pad_id: int) -> tuple[torch.Te
     return -(w * logp * A).sum(), sum(len(c) for c in comps)
 
 
-def update_policies(policies: Policies, rollouts: list[dict], advantage_rows: list[dict], batch_size: int,
-                    seed: int, step: int) -> dict[str, float]:
-    """Apply one buffer's update to every agent in place; returns loss/token metrics."""
-    policies.ensure_optimizers()
-    adv = {(a["step"], a["turn"], a["node_id"], a["agent"], a["sample"]): a["advantage"] for a in advantage_rows}
-    metrics: dict[str, float] = {}
-    for agent in range(policies.n):
-        model, opt, tok = policies.models[agent], policies.optimizers[agent], policies.tokenizers[agent]
-        rng = random.Random(derive_seed(seed, step, agent, "shuffle"))
-        losses, tokens = [], 0
-        model.train()
-        for turn, samples in sorted(_node_samples(rollouts, adv, agent).items()):
+def update_agent(agent: AgentState, rollouts: list[dict], adv: dict[tuple, float], batch_size: int, seed: int,
+                 step: int, index: int) -> dict[str, float]:
+    """One agent's update over its node samples of one buffer (runs wherever the agent lives)."""
+    model, tok = agent.model, agent.tokenizer
+    opt = agent.ensure_optimizer()
+    rng = random.Random(derive_seed(seed, step, index, "shuffle"))
+    losses, tokens = [], 0
+    model.train()
+    try:
+        for turn, samples in sorted(_node_samples(rollouts, adv, index).items()):
             rng.shuffle(samples)
             for b in range(0, len(samples), batch_size):
                 mb = samples[b:b + batch_size]
                 opt.zero_grad(set_to_none=True)
                 loss, ntok = policy_loss(model, mb, tok.pad_token_id)
                 if not torch.isfinite(loss):
-                    raise FloatingPointError(f"non-finite policy loss ({loss.item()}) for agent {agent} at update "
+                    raise FloatingPointError(f"non-finite policy loss ({loss.item()}) for agent {index} at update "
                                              f"{step}, turn {turn + 1}; lower agent_learning_rate or check rewards")
                 loss.backward()
                 opt.step()
                 losses.append(loss.item())
                 tokens += ntok
+    finally:
         model.eval()
-        metrics[f"agent_{agent}/policy_loss"] = sum(losses) / max(1, len(losses))
-        metrics[f"agent_{agent}/train_tokens"] = float(tokens)
+    return {f"agent_{index}/policy_loss": sum(losses) / max(1, len(losses)), f"agent_{index}/train_tokens": float(tokens)}
+
+
+def update_policies(policies: Policies, rollouts: list[dict], advantage_rows: list[dict], batch_size: int,
+                    seed: int, step: int) -> dict[str, float]:
+    """Apply one buffer's update to every agent (in place, or in the agents' worker processes)."""
+    args = []
+    for i in range(policies.n):
+        mine = [r for r in rollouts if r["agent"] == i]
+        adv = {(a["step"], a["turn"], a["node_id"], a["agent"], a["sample"]): a["advantage"]
+               for a in advantage_rows if a["agent"] == i}
+        args.append((mine, adv, batch_size, seed, step, i))
+    metrics: dict[str, float] = {}
+    for m in policies.run("update", args):
+        metrics.update(m)
     return metrics

@@ -40,3 +40,12 @@ def test_readme_documents_every_config_field():
                 "formatters[i].": FormatterConfig, "trainer.": MAGRPOConfig, "tracking.": TrackingConfig}
     missing = [p + f for p, m in sections.items() for f in m.model_fields if f"`{p}{f}`" not in readme]
     assert not missing, f"README config reference lacks {missing}"
+
+
+def test_readme_config_reference_is_current():
+    from flows.cli import config_reference
+
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("<!-- config-reference:start")
+    body = readme[readme.index("\n", start) + 1:readme.index("<!-- config-reference:end -->")].strip()
+    assert body == config_reference().strip(), "README config reference is stale: run `coopflow config-reference`"

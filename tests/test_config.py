@@ -116,9 +116,11 @@ def test_mp_requires_agent_devices():
         validate_config(_cfg(parallel_training="mp"))
 
 
-def test_mp_with_devices_not_supported_by_run_config():
-    with pytest.raises(ConfigError, match="parallel_training"):
-        validate_config(_cfg(parallel_training="mp", agent_devices="cuda:0"))
+def test_mp_with_devices_accepted_by_run_config():
+    cfg = validate_config(_cfg(parallel_training="mp", agent_devices=["cpu", "cpu"]))
+    assert cfg.trainer.parallel_training == "mp" and cfg.trainer.agent_devices == ["cpu", "cpu"]
+    with pytest.raises(ConfigError, match="agent_devices"):
+        validate_config(_cfg(parallel_training="mp"))
 
 
 def test_multi_turn_rejected_by_run_config():

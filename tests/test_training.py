@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from artifacts import ArtifactStore
@@ -116,3 +117,27 @@ def test_kill_and_resume_loses_no_completed_step(tmp_path):
     for k in wc:
         assert torch.allclose(wr[k], wc[k], atol=1e-6), k
     assert resumed["reward_first"] == clean["reward_first"] and resumed["reward_last"] == clean["reward_last"]
+
+
+def test_mp_workers_match_in_process_training(tmp_path):
+    """parallel_training=mp (one worker process per agent) gives the same samples and weights as in-process."""
+    trainer = {**small_config(tmp_path)["trainer"], "num_generations": 2}
+    LIVE.clear()
+    local = run_direct(validate_config(small_config(tmp_path / "local", trainer=trainer)))
+    LIVE.clear()
+    mp_trainer = {**trainer, "parallel_training": "mp", "agent_devices": ["cpu", "cpu"]}
+    par = run_direct(validate_config(small_config(tmp_path / "mp", trainer=mp_trainer)))
+    LIVE.clear()
+    assert par["reward_first"] == local["reward_first"] and par["reward_last"] == local["reward_last"]
+    wl, wp = _weights(Path(local["checkpoint"])), _weights(Path(par["checkpoint"]))
+    for k in wl:
+        assert torch.allclose(wl[k], wp[k], atol=1e-5), k
+    ck = Path(par["checkpoint"])
+    assert (ck / "optimizer" / "agent_1.pt").is_file() and (ck / "agent_1" / "tokenizer.json").is_file()
+
+
+def test_mp_worker_errors_surface_with_agent_index(tmp_path):
+    from stages.agent_workers import WorkerPolicies
+
+    with pytest.raises(FileNotFoundError, match="agent 0 worker"):
+        WorkerPolicies([str(tmp_path / "missing-model")], 1e-3, "float32", "sdpa", ["cpu"])
