@@ -86,7 +86,8 @@ class TasksetConfig(_Strict):
     """Where the task items come from (built-in name, local file or HF `datasets` dataset)."""
 
     name: str = Field("story-length-ratio",
-                      description="Built-in taskset name, a local .parquet/.jsonl/.json/.csv file, or 'hf:<dataset id>'.")
+                      description="Built-in taskset name, a local .parquet/.jsonl/.json/.csv file, a dir saved by "
+                                  "datasets' save_to_disk, or 'hf:<dataset id>'.")
     split: str = Field("train", description="Split to train on (for files: all rows; for HF datasets: the split name).")
     eval_split: str | None = Field(
         None, description="Split to evaluate on; null uses the built-in taskset's eval split, else the train split.")

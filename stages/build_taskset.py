@@ -5,7 +5,8 @@ Sources:
   prompt and the shared reward wants agent 2's story 2–3× longer than agent 1's;
 - a local `.parquet`, `.jsonl`/`.json` or `.csv` file with a prompt column (or a `prompt_template`
   over its columns);
-- `hf:<dataset>` — a Hugging Face `datasets` dataset (local cache or network).
+- a directory written by `datasets`' `save_to_disk` (a `Dataset` or a `DatasetDict` of splits);
+- `hf:<dataset>` — a Hugging Face `datasets` dataset by id (local cache or network).
 
 The key covers the taskset config and the source's content digest, so editing the file makes a
 new taskset and everything downstream recomputes.
@@ -91,9 +92,21 @@ def _source(cfg: TasksetConfig) -> tuple[dict, callable]:
 
         return {"hf": ds_id}, load_hf
     path = Path(cfg.name).expanduser()
+    if path.is_dir():  # a HF `datasets` dataset saved with save_to_disk (Dataset or DatasetDict)
+        files = sorted((str(f.relative_to(path)), sha256_file(f)) for f in path.rglob("*") if f.is_file())
+
+        def load_disk() -> dict[str, list[dict]]:
+            import datasets
+
+            ds = datasets.load_from_disk(str(path))
+            if isinstance(ds, datasets.DatasetDict):
+                return {name: [dict(r) for r in split] for name, split in ds.items()}
+            return {cfg.split: [dict(r) for r in ds]}
+
+        return {"hf_disk": files}, load_disk
     if not path.is_file():
         raise FileNotFoundError(f"taskset.name: {cfg.name!r} is neither a built-in taskset "
-                                f"({', '.join(BUILTIN_TASKSETS)}), 'hf:<dataset>', nor an existing file")
+                                f"({', '.join(BUILTIN_TASKSETS)}), 'hf:<dataset>', a saved dataset dir, nor an existing file")
     return {"file_sha256": sha256_file(path)}, lambda: {cfg.split: _read_file(path)}
 
 

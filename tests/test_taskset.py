@@ -61,3 +61,15 @@ def test_taskset_errors(tmp_path):
     path.write_text('{"prompt": "a"}\nnot json\n')
     with pytest.raises(ValueError, match="d.jsonl:2: invalid JSON"):
         build_taskset(TasksetConfig(name=str(path)), store)
+
+
+def test_hf_dataset_saved_to_disk(tmp_path):
+    import datasets
+
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_dict({"q": ["a", "b", "c"]}),
+                               "test": datasets.Dataset.from_dict({"q": ["x"]})})
+    dd.save_to_disk(str(tmp_path / "ds"))
+    store = ArtifactStore(tmp_path / "s")
+    ref = build_taskset(TasksetConfig(name=str(tmp_path / "ds"), prompt_column="q", eval_split="test"), store)
+    assert [it["prompt"] for it in load_items(store, ref, "train")] == ["a", "b", "c"]
+    assert [it["prompt"] for it in load_items(store, ref, "eval")] == ["x"]
