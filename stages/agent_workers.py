@@ -82,7 +82,13 @@ class WorkerPolicies:
         self._sources = [str(s) for s in sources]
         try:
             for i, c in enumerate(self._conns):
-                status, payload = c.recv()
+                try:
+                    status, payload = c.recv()
+                except EOFError:
+                    raise RuntimeError(
+                        f"agent {i} worker exited during start-up (exit code {self._procs[i].exitcode}). Workers "
+                        "are spawned processes: a script that trains with parallel_training='mp' must guard its "
+                        "entry point with `if __name__ == '__main__':`") from None
                 if status == "error":
                     _raise(i, payload)
         except BaseException:
