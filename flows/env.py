@@ -26,6 +26,8 @@ def configure(explicit: str | None = None) -> Path:
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_SERVER_UI_ENABLED": "false",
+        # Record task runs in batches: cuts the server's CPU per task run ~3x (orchestration notes §1.12).
+        "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "100",
         "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
         "PREFECT_LOGGING_EXTRA_LOGGERS": "stages,artifacts",
         "DO_NOT_TRACK": "1",

@@ -12,6 +12,7 @@ What a run holds:
 
 import json
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,8 @@ class Tracker:
         self.enabled = enabled
         self.run_id: str | None = None
         self.lineage: list[dict] = []
+        self._metrics: list = []
+        self._tags: list = []
         if not enabled:
             return
         from mlflow.tracking import MlflowClient
@@ -64,23 +67,33 @@ class Tracker:
             self.client.log_batch(self.run_id, params=[Param(p.key, p.value[:6000]) for p in items[i:i + 100]])
         return self.run_id
 
-    def log_metrics(self, rows: list[dict]) -> None:
-        """Log metric rows {key, value, env_step} in batches."""
-        if not self.enabled or not rows:
+    def log_metrics(self, rows: list[dict], flush: bool = True) -> None:
+        """Queue metric rows {key, value, env_step}; `flush` sends everything queued in one batch."""
+        if not self.enabled:
             return
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        ms = [Metric(r["key"], float(r["value"]), ts, int(r["env_step"])) for r in rows]
-        for i in range(0, len(ms), 1000):
-            self.client.log_batch(self.run_id, metrics=ms[i:i + 1000])
+        self._metrics += [Metric(r["key"], float(r["value"]), ts, int(r["env_step"])) for r in rows]
+        if flush:
+            self.flush()
 
     def tag(self, tags: dict[str, str]) -> None:
+        """Queue run tags (sent with the next flush)."""
         if not self.enabled:
             return
         from mlflow.entities import RunTag
 
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)[:5000]) for k, v in tags.items()])
+        self._tags += [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
+
+    def flush(self) -> None:
+        """Send queued metrics and tags (MLflow's batch limits: 1000 metrics, 100 tags per call)."""
+        if not self.enabled:
+            return
+        while self._metrics or self._tags:
+            ms, self._metrics = self._metrics[:900], self._metrics[900:]
+            ts, self._tags = self._tags[:100], self._tags[100:]
+            self.client.log_batch(self.run_id, metrics=ms, tags=ts)
 
     def record(self, role: str, ref: ArtifactRef, tag: bool = False) -> None:
         """Remember an artifact for lineage (and tag it when it is a main input/output)."""
@@ -98,7 +111,7 @@ class Tracker:
         self.client.log_inputs(self.run_id, datasets=[DatasetInput(ds, tags=[InputTag("mlflow.data.context", context)])])
 
     def log_files(self, files: dict[str, Any]) -> None:
-        """Write JSON/bytes/figure payloads to temp files and log them as run artifacts."""
+        """Write JSON/bytes payloads to one temp dir and log them as run artifacts in one call."""
         if not self.enabled:
             return
         with tempfile.TemporaryDirectory() as tmp:
@@ -108,10 +121,11 @@ class Tracker:
                     p.write_bytes(payload)
                 else:
                     p.write_text(json.dumps(payload, indent=1, default=str))
-                self.client.log_artifact(self.run_id, str(p))
+            self.client.log_artifacts(self.run_id, tmp)
 
     def finish(self, ok: bool) -> None:
         if self.enabled and self.run_id:
+            self.flush()
             self.client.set_terminated(self.run_id, status="FINISHED" if ok else "FAILED")
 
 
@@ -134,3 +148,19 @@ def reward_curve_png(env_steps: list[int], rewards: list[float], title: str) -> 
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()
+
+
+class CurvePNG:
+    """Render the reward-curve PNG in a background thread (it overlaps with evaluation)."""
+
+    def __init__(self, steps: list[dict], title: str):
+        self.png: bytes | None = None
+        self._t = threading.Thread(target=self._render, args=(steps, title), daemon=True)
+        self._t.start()
+
+    def _render(self, steps: list[dict], title: str) -> None:
+        self.png = reward_curve_png([s["env_step"] for s in steps], [s["reward_mean"] for s in steps], title)
+
+    def result(self) -> bytes | None:
+        self._t.join()
+        return self.png

@@ -24,7 +24,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
 from artifacts import ArtifactError, ArtifactRef, ArtifactStore
-from flows.tracking import Tracker, reward_curve_png
+from flows.tracking import CurvePNG, Tracker
 from schemas.config import ConfigError, RunConfig, load_config
 from stages import train_online as T
 from stages.build_taskset import build_taskset
@@ -154,6 +154,7 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
     try:
         tracker.record("taskset", taskset, tag=True)
         tracker.log_dataset(f"taskset-{cfg.taskset.name}", taskset)
+        tracker.flush()
         summary: dict[str, Any] = {"algorithm": algorithm, "run_key": run_key, "mlflow_run_id": run_id}
 
         # --- train (segment by segment; cached segments return their stored refs)
@@ -196,23 +197,24 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
                            checkpoint=str(store.open_dir(ckpt)), segments_cached=cached)
 
         # --- evaluate
+        curve = CurvePNG(steps_rows, f"{algorithm} {run_key[:8]}") if tracker.enabled and steps_rows else None
         if "evaluate" in stages:
             ev_ref, ev = evaluate_task(quote(ctx), ckpt, "evaluate" in refresh)
             tracker.record("eval", ev_ref, tag=True)
-            tracker.log_metrics([{"key": k, "value": v, "env_step": env_steps} for k, v in ev.items()])
+            tracker.log_metrics([{"key": k, "value": v, "env_step": env_steps} for k, v in ev.items()], flush=False)
             summary["eval"] = ev
 
         # --- re-score stored rollouts of an earlier run with this config's reward
         if "score" in stages:
             src = [store.find("steps", k) for k in _segment_keys_of(store, rescore_from)]
             rows = rescore_task(quote(ctx), src)
-            tracker.log_metrics(rows)
+            tracker.log_metrics(rows, flush=False)
             vals = [r["value"] for r in rows]
             summary["rescore"] = dict(zip(("reward_first", "reward_last"), T.first_last_fifth(vals)),
                                       updates=len(vals), source_run_key=rescore_from)
 
         summary["executed"] = {k: v - calls0.get(k, 0) for k, v in T.CALLS.items() if v - calls0.get(k, 0)}
-        _log_run_files(tracker, store, cfg, summary, steps_rows)
+        _log_run_files(tracker, store, cfg, summary, steps_rows, curve)
         tracker.log_metrics([{"key": "final_model_saved", "value": 1.0, "env_step": env_steps}])
         ok = True
         return summary
@@ -231,14 +233,15 @@ def _segment_keys_of(store: ArtifactStore, run_key: str) -> list[str]:
     return state.get("segment_keys", [run_key])
 
 
-def _log_run_files(tracker: Tracker, store: ArtifactStore, cfg: RunConfig, summary: dict, steps: list[dict]) -> None:
+def _log_run_files(tracker: Tracker, store: ArtifactStore, cfg: RunConfig, summary: dict, steps: list[dict],
+                   curve: "CurvePNG | None") -> None:
     if not tracker.enabled:
         return
     files: dict[str, Any] = {"summary.json": summary, "config.json": cfg.model_dump(mode="json"),
                              "lineage.json": tracker.lineage}
+    if curve is not None and curve.result() is not None:
+        files["reward_curve.png"] = curve.result()
     if steps:
-        files["reward_curve.png"] = reward_curve_png([s["env_step"] for s in steps], [s["reward_mean"] for s in steps],
-                                                     f"{cfg.algorithm} {summary['run_key'][:8]}")
         last = store.find("rollouts", steps[-1]["rollouts"])
         if last is not None and cfg.tracking.sample_rollouts:
             keep = ("item_id", "agent", "sample", "prompt", "completion_text", "length", "finished")
