@@ -312,10 +312,17 @@ def run_child(mode: str, spec: dict, tmp: Path, timeout: float) -> dict:
     return r
 
 
-def run_peer(peer_py: Path, w: dict, timeout: float) -> dict:
+def run_peer(peer_py: Path, w: dict, timeout: float, seed: int = 0) -> dict:
     env = dict(os.environ, K=str(w["K"]), TOKENS=str(w["tokens"]), RBS=str(w["rbs"]), THREADS=str(THREADS),
                WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
-    cmd = [str(peer_py), "comlrl_peer.py", str(MODELS / w["model"]), str(w["items"]), str(w["epochs"])]
+    args = [str(MODELS / w["model"]), str(w["items"]), str(w["epochs"])]
+    if seed == 0:
+        cmd = [str(peer_py), "comlrl_peer.py", *args]
+    else:  # the harness seeds torch with 0; run it unchanged with that one call redirected to `seed`
+        code = ("import runpy, sys, torch; _ms = torch.manual_seed; "
+                f"torch.manual_seed = lambda s: _ms({seed}); sys.argv = ['comlrl_peer.py', *sys.argv[1:]]; "
+                "runpy.run_path('comlrl_peer.py', run_name='__main__')")
+        cmd = [str(peer_py), "-c", code, *args]
     r = run_metered(cmd, env, SHARED_BENCH, timeout)
     res = parse_json_line(r["stdout"])
     if res is not None:
@@ -348,6 +355,35 @@ NOISY = 0.5  # others_busy_cores above this: the timing is not a clean measureme
 
 def busy(v) -> str:
     return "-" if v is None else f"{v:.2f}" + ("!" if v > NOISY else "")
+
+
+def _reward_record(res: dict, seed: int) -> dict:
+    return {"seed": seed, "reward_first": res.get("reward_first"), "reward_last": res.get("reward_last"),
+            "env_steps_per_s": res.get("env_steps_per_s"),
+            "eval": (res.get("eval") or {}).get("eval/turn_1/reward_mean")}
+
+
+def _mean(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def print_seed_table(results: dict) -> None:
+    rows = [("workload", "side", "seeds", "reward first", "reward last", "env_steps/s", "eval reward")]
+    for name, r in results["workloads"].items():
+        for side, recs in (r.get("seeds") or {}).items():
+            if recs:
+                rows.append((name, "peer" if side == "peer" else f"coopflow {side}", str(len(recs)),
+                             f(_mean([x["reward_first"] for x in recs])), f(_mean([x["reward_last"] for x in recs])),
+                             f(_mean([x["env_steps_per_s"] for x in recs])), f(_mean([x["eval"] for x in recs]))))
+    if len(rows) == 1:
+        return
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    print("\nmeans over seeds 0..N-1 (peer: its harness with torch.manual_seed redirected to the seed):")
+    for i, row in enumerate(rows):
+        print("  ".join(str(c).ljust(widths[j]) for j, c in enumerate(row)))
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
 
 
 def print_table(results: dict) -> None:
@@ -387,12 +423,14 @@ def print_table(results: dict) -> None:
             print(f"\nflow overhead (workload b, one process, after a {fo['warmup_s']:.1f} s warm-up flow"
                   + (f", medians of {n} pairs" if n > 1 else "") + f"): flow {fo['flow_s']:.2f} s, direct "
                   f"{fo['direct_s']:.2f} s -> overhead (flow-direct)/flow = {fo['overhead_pct']:.1f} %"
-                  + (" (median of the pairs' overheads)" if n > 1 else ""))
+                  + (" (median of the pairs' overheads)" if n > 1 else "")
+                  + f"; fixed overhead (wall minus the training loop, flow vs direct) = {fo['fixed_overhead_pct']:.1f} %")
             for p in fo["pairs"]:
                 noisy = max(p["others_busy_flow"], p["others_busy_direct"]) > NOISY
                 print(f"  flow {p['flow_s']:.2f} s (train {f(p['flow_train_s'])} s, CPU {p['flow_cpu_s']:.1f} s + "
                       f"{p['flow_subprocess_cpu_s']:.1f} s Prefect server)  direct {p['direct_s']:.2f} s (train "
-                      f"{f(p['direct_train_s'])} s, CPU {p['direct_cpu_s']:.1f} s)  overhead {p['overhead_pct']:.1f} %  "
+                      f"{f(p['direct_train_s'])} s, CPU {p['direct_cpu_s']:.1f} s)  overhead {p['overhead_pct']:.1f} % "
+                      f"(fixed {p['fixed_overhead_pct']:.1f} %)  "
                       f"others busy {p['others_busy_flow']:.2f}/{p['others_busy_direct']:.2f}" + ("  NOISY" if noisy else ""))
         else:
             print(f"\nflow overhead: FAILED ({fo.get('error')})")
@@ -405,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="workloads to compare (none: only the flow-overhead measurement)")
     ap.add_argument("--skip-peer", action="store_true", help="run coopflow only (no peer venv needed if models exist)")
     ap.add_argument("--skip-flow", action="store_true", help="skip the flow-overhead measurement")
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="also run both sides with seeds 0..N-1 and print mean rewards (reward_last after a few "
+                         "updates is very seed dependent)")
     ap.add_argument("--modes", nargs="+", default=["seq", "mp"], choices=sorted(MODES),
                     help="coopflow variants: seq (agents in one process), mp (one worker process per agent)")
     ap.add_argument("--flow-repeats", type=int, default=1,
@@ -464,6 +505,26 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"coopflow ({mode}): {r['result']['env_steps_per_s']:.2f} env_steps/s, others busy "
                         f"{r['meter']['others_busy_cores']}")
 
+        if args.seeds > 1:
+            # Rewards after a few updates depend a lot on the sampling seed: compare means over seeds.
+            for name in args.workloads:
+                w, rec = WORKLOADS[name], results["workloads"][name]
+                taskset = write_taskset(tmp / f"prompts-{name}-seeds.jsonl", w["items"])
+                per: dict = {"peer": [], **{m: [] for m in args.modes}}
+                for seed in range(args.seeds):
+                    if peer_py:
+                        log(f"workload {name}: peer, seed {seed}")
+                        r = run_peer(peer_py, w, args.timeout, seed)
+                        if r["result"]:
+                            per["peer"].append(_reward_record(r["result"], seed))
+                    for mode in args.modes:
+                        cfg = coopflow_config(w, taskset, tmp / f"seed-{name}-{mode}-{seed}", seed=seed, **MODES[mode])
+                        log(f"workload {name}: coopflow ({mode}), seed {seed}")
+                        r = run_child("direct", {"config": cfg}, tmp, args.timeout)
+                        if r["result"]:
+                            per[mode].append(_reward_record(r["result"], seed))
+                rec["seeds"] = per
+
         if not args.skip_flow:
             w = WORKLOADS["b"]
             home = tmp / "flow-home"
@@ -494,6 +555,11 @@ def main(argv: list[str] | None = None) -> int:
                     fo["pairs"].append(dict(
                         flow_s=fl["wall_s"], direct_s=di["wall_s"],
                         overhead_pct=100.0 * (fl["wall_s"] - di["wall_s"]) / fl["wall_s"],
+                        # The training loop is the same code in both; its run-to-run noise (±10 % here) is not
+                        # overhead. Fixed overhead = what the flow adds around the loop.
+                        fixed_overhead_pct=100.0 * ((fl["wall_s"] - (fl["summary"].get("train_seconds") or 0))
+                                                    - (di["wall_s"] - (di["summary"].get("train_seconds") or 0)))
+                        / fl["wall_s"],
                         flow_cpu_s=fl["meter"]["cpu_s"], flow_subprocess_cpu_s=fl["meter"]["subprocess_cpu_s"],
                         direct_cpu_s=di["meter"]["cpu_s"],
                         others_busy_flow=fl["meter"]["others_busy_cores"],
@@ -503,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
                         flow_reward_first_last=[fl["summary"].get("reward_first"), fl["summary"].get("reward_last")],
                         direct_reward_first_last=[di["summary"].get("reward_first"), di["summary"].get("reward_last")]))
                 med = lambda k: statistics.median(p[k] for p in fo["pairs"])  # noqa: E731
-                fo.update(flow_s=med("flow_s"), direct_s=med("direct_s"), overhead_pct=med("overhead_pct"))
+                fo.update(flow_s=med("flow_s"), direct_s=med("direct_s"), overhead_pct=med("overhead_pct"),
+                          fixed_overhead_pct=med("fixed_overhead_pct"))
             results["flow_overhead"] = fo
 
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -511,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1, default=str))
     print_table(results)
+    print_seed_table(results)
     print(f"raw results: {out}")
     return 1 if failures else 0
 
