@@ -3,7 +3,9 @@
 For each agent: **one** `generate` call over all items × K completions (prompts repeated K times,
 left-padded), under `inference_mode`, with the sampling settings of the run. Each completion is
 cut after its first EOS (the EOS itself is kept as the last action token, pads after it are
-dropped), its text decoded without special tokens. Sampling is reproducible and independent of
+dropped). Its text — what the reward sees — ends at the first EOS or pad token, as in the
+reference (a pad sampled mid-completion ends the text; when pad == EOS the two rules agree), and
+is decoded without special tokens. Sampling is reproducible and independent of
 resumption: the RNG is seeded per (run seed, update, agent).
 
 Output rows (schema `rollouts`): step, item_id, turn, node_id, agent, sample, prompt,
@@ -73,7 +75,7 @@ def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: Samplin
     if was_training:
         model.train()
     P = input_ids.shape[1]
-    eos = tok.eos_token_id
+    eos, pad = tok.eos_token_id, tok.pad_token_id
     rows = []
     seqs = out[:, P:].tolist()
     for r, row in enumerate(seqs):
@@ -81,6 +83,8 @@ def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: Samplin
         p_ids = [t for t, m in zip(input_ids[r].tolist(), mask) if m]
         c_ids, finished = trim_completion(row, eos)
         text_ids = c_ids[:-1] if finished else c_ids
+        if pad is not None and pad in text_ids:  # the reference's reward text ends at the first pad token
+            text_ids = text_ids[:text_ids.index(pad)]
         text = tok.decode(text_ids, skip_special_tokens=True)
         rows.append((p_ids, c_ids, text, finished))
     return rows

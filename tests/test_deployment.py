@@ -7,11 +7,11 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from flows.cli import _healthy
 from tests.conftest import small_config
 
 pytestmark = pytest.mark.slow
@@ -30,14 +30,6 @@ def _wait(pred, timeout: float, what: str) -> None:
         if time.time() - t0 > timeout:
             raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(1)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
 
 
 def test_deployment_run_completes(tmp_path):
