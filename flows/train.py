@@ -100,7 +100,7 @@ def rescore_task(ctx: T.RunContext, steps_refs: list[ArtifactRef]) -> list[dict]
             if not found:
                 store.put_table("scores", key, rows)
                 T.CALLS["score"] += 1
-            means = T._node_means(rows)
+            means = T.node_means(rows)
             out.append({"key": "rescore/turn_1/reward_mean", "value": sum(means) / len(means),
                         "env_step": step["env_step"]})
     return out

@@ -38,7 +38,7 @@ from stages.compute_advantages import compute_advantages
 from stages.evaluate import evaluate
 from stages.formatters import build_formatter
 from stages.generate_rollouts import SamplingConfig, derive_seed, generate_rollouts
-from stages.models import LIVE, Policies, build_tiny_model, checkpoint_sources, load_policies
+from stages.models import LIVE, Policies, build_tiny_model, checkpoint_sources, load_policies, save_checkpoint
 from stages.rewards import RewardCaller, resolve_processor, resolve_reward, reward_identity
 from stages.score_rewards import joint_combos, score_rewards
 from stages.update_policies import update_policies
@@ -252,7 +252,8 @@ class SegmentResult:
     cached: bool = False
 
 
-def _node_means(scores: list[dict]) -> list[float]:
+def node_means(scores: list[dict]) -> list[float]:
+    """Mean reward of each node (item × turn) of a scores table."""
     nodes: dict[tuple, list[float]] = {}
     for s in scores:
         nodes.setdefault((s["turn"], s["node_id"]), []).append(s["reward"])
@@ -340,8 +341,8 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
             timing["update_s"] += time.perf_counter() - t0
             policy_key = keys.policy_after
             # --- metrics (the reference's names, gated by logging_steps)
-            node_means = _node_means(scores)
-            reward_mean = sum(node_means) / len(node_means)
+            means = node_means(scores)
+            reward_mean = sum(means) / len(means)
             env_step = scores[-1]["env_step"]
             returns = [a["return"] for a in adv]
             last = state.get("last_logged")
@@ -365,8 +366,6 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     state["segment_keys"] = segment_end_keys(ctx)[:seg_index + 1]
     pol.state = state
     ckpt_key = policy_key  # a checkpoint is stored under the key of the policy version it holds
-    from stages.models import save_checkpoint
-
     ckpt = store.put_dir("checkpoint", ckpt_key, lambda d: save_checkpoint(pol, d, state))
     CALLS["checkpoint"] += 1
     timing["checkpoint_s"] += time.perf_counter() - t0

@@ -14,3 +14,8 @@ def slow_length_ratio(c1, c2):
 def loose_length_ratio(c1, c2):
     """A different reward (ratio 1–1.5 is best) for re-scoring tests."""
     return length_ratio(c1, c2, lo=1.0, hi=1.5)
+
+
+def near_forty_chars(completions):
+    """Single-agent reward (GRPO): 1 at 40 characters, falling off linearly."""
+    return [max(0.0, 1.0 - abs(len(c) - 40) / 40) for c in completions]

@@ -1,0 +1,53 @@
+"""Agent set-ups through the same stages: heterogeneous models/tokenizers, single agent (GRPO), cross mode."""
+
+import json
+
+import pytest
+
+from artifacts import ArtifactStore
+from schemas.config import validate_config
+from stages.models import LIVE, build_tiny_model
+from stages.run_direct import run_direct
+from tests.conftest import small_config
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory):
+    a = build_tiny_model(tmp_path_factory.mktemp("model-a"), hidden_size=64, num_layers=2, vocab_size=384)
+    b = build_tiny_model(tmp_path_factory.mktemp("model-b"), hidden_size=32, num_layers=3, vocab_size=300, seed=1)
+    return a, b
+
+
+def test_heterogeneous_agents_with_own_tokenizers_and_formatters(tmp_path, two_models):
+    a, b = two_models
+    cfg = validate_config(small_config(tmp_path, agents={"agent_model": None, "agents": [str(a), str(b)]},
+                                       formatters=[{"template": "Briefly: {prompt}"}, {"template": "At length: {prompt}"}]))
+    LIVE.clear()
+    s = run_direct(cfg)
+    ck = json.loads((__import__("pathlib").Path(s["checkpoint"]) / "agent_1" / "config.json").read_text())
+    assert ck["hidden_size"] == 32 and ck["num_hidden_layers"] == 3
+    store = ArtifactStore(tmp_path / "artifacts")
+    rows = store.read_rows(store.find("rollouts", next((tmp_path / "artifacts" / "rollouts").iterdir()).name))
+    p0 = next(r for r in rows if r["agent"] == 0 and r["item_id"] == 0)
+    p1 = next(r for r in rows if r["agent"] == 1 and r["item_id"] == 0)
+    assert p0["prompt"] == "Briefly: write a story about a robot" and p1["prompt"].startswith("At length: ")
+    assert p0["prompt_ids"] != p1["prompt_ids"]  # each agent tokenizes with its own tokenizer
+    assert max(max(r["completion_ids"]) for r in rows if r["agent"] == 1) < 300
+
+
+def test_single_agent_is_grpo(tmp_path):
+    cfg = validate_config(small_config(tmp_path, agents={"agent_model": "tiny", "num_agents": 1},
+                                       reward={"name": "tests.helpers:near_forty_chars"}))
+    LIVE.clear()
+    s = run_direct(cfg)
+    assert s["env_steps"] == 4 * 2  # items x K
+    assert (__import__("pathlib").Path(s["checkpoint"]) / "agent_0").is_dir()
+    assert not (__import__("pathlib").Path(s["checkpoint"]) / "agent_1").exists()
+
+
+def test_cross_mode_scores_k_to_the_n_joint_actions(tmp_path):
+    trainer = {**small_config(tmp_path)["trainer"], "joint_mode": "crossed", "num_generations": 3}
+    cfg = validate_config(small_config(tmp_path, trainer=trainer))
+    LIVE.clear()
+    s = run_direct(cfg)
+    assert s["env_steps"] == 4 * 3 ** 2
