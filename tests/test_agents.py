@@ -27,7 +27,8 @@ def test_heterogeneous_agents_with_own_tokenizers_and_formatters(tmp_path, two_m
     ck = json.loads((__import__("pathlib").Path(s["checkpoint"]) / "agent_1" / "config.json").read_text())
     assert ck["hidden_size"] == 32 and ck["num_hidden_layers"] == 3
     store = ArtifactStore(tmp_path / "artifacts")
-    rows = store.read_rows(store.find("rollouts", next((tmp_path / "artifacts" / "rollouts").iterdir()).name))
+    rows = [r for d in (tmp_path / "artifacts" / "rollouts").iterdir() if not d.name.startswith(".")
+            for r in store.read_rows(store.find("rollouts", d.name))]
     p0 = next(r for r in rows if r["agent"] == 0 and r["item_id"] == 0)
     p1 = next(r for r in rows if r["agent"] == 1 and r["item_id"] == 0)
     assert p0["prompt"] == "Briefly: write a story about a robot" and p1["prompt"].startswith("At length: ")
