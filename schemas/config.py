@@ -166,9 +166,11 @@ class MAGRPOConfig(_Strict):
     train_batch_size: int | None = Field(None, ge=1, description="Minibatch size in node samples; null = rollout_buffer_size.")
     advantage_normalization: bool = Field(True, description="z-normalize each group's advantages (population std).")
     advantage_mode: str | None = Field(None, description="mean | raw | max | rloo; null = the algorithm's default.")
-    reference_kl_enabled: bool = Field(False, description="Penalize KL to a frozen reference model (not in this release).")
+    reference_kl_enabled: bool = Field(
+        False, description="Subtract coef x k3-KL to a frozen copy of each agent's initial model from its returns.")
     reference_kl_coef: float = Field(0.1, ge=0, description="KL penalty coefficient.")
-    reference_devices: str | list[str] | None = Field(None, description="Devices for reference models.")
+    reference_devices: str | list[str] | None = Field(
+        None, description="Devices of the reference models (one, or one per agent); null = the agents' devices.")
 
     @field_validator("parallel_training")
     @classmethod
@@ -245,8 +247,6 @@ class RunConfig(_Strict):
         if t.num_turns > 1:
             raise ValueError("trainer.num_turns > 1 (multi-turn) needs an external transition, which this release "
                              "does not support yet; set trainer.num_turns: 1")
-        if t.reference_kl_enabled:
-            raise ValueError("trainer.reference_kl_enabled: reference-model KL is not supported in this release")
         if isinstance(self.formatters, list) and len(self.formatters) != self.agents.n:
             raise ValueError(f"formatters has {len(self.formatters)} entries but there are {self.agents.n} agents")
         return self

@@ -15,7 +15,7 @@ Kinds:
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"  # 2: rollouts gained ref_kl
 
 _i32, _i64, _f64, _str, _bool = pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.bool_()
 
@@ -32,7 +32,7 @@ TABLES: dict[str, pa.Schema] = {
     "rollouts": _schema("rollouts", [
         ("step", _i64), ("item_id", _i64), ("turn", _i32), ("node_id", _i64), ("agent", _i32), ("sample", _i32),
         ("prompt", _str), ("prompt_ids", pa.list_(_i32)), ("completion_ids", pa.list_(_i32)),
-        ("completion_text", _str), ("length", _i32), ("finished", _bool),
+        ("completion_text", _str), ("length", _i32), ("finished", _bool), ("ref_kl", _f64),
     ]),
     "scores": _schema("scores", [
         ("step", _i64), ("item_id", _i64), ("turn", _i32), ("node_id", _i64), ("joint_idx", _i32),

@@ -10,7 +10,7 @@ from stages.update_policies import update_agent
 
 
 def _generate(agent: AgentState, prompts: list[str], k: int, sampling, seed: int) -> list[tuple]:
-    return generate_for_agent(agent.model, agent.tokenizer, prompts, k, sampling, seed)
+    return generate_for_agent(agent.model, agent.tokenizer, prompts, k, sampling, seed, agent.reference)
 
 
 OPS = {"generate": _generate, "update": update_agent, "save": save_agent}

@@ -18,6 +18,8 @@ from collections import defaultdict
 
 import torch
 
+from stages.reference_kl import apply_reference_kl
+
 ADVANTAGE_MODES = ("mean", "raw", "max", "rloo")
 
 
@@ -61,13 +63,22 @@ def per_agent_returns(scores: list[dict], num_agents: int, k: int, joint_mode: s
 
 
 def compute_advantages(scores: list[dict], item_of_node: dict[tuple, int], num_agents: int, k: int,
-                       joint_mode: str, mode: str, normalize: bool) -> list[dict]:
-    """Advantage rows (schema `advantages`) for every node × agent × sample."""
+                       joint_mode: str, mode: str, normalize: bool, kls: dict[tuple, float] | None = None,
+                       kl_coef: float = 0.0) -> list[dict]:
+    """Advantage rows (schema `advantages`) for every node × agent × sample.
+
+    With `kls` ({(step, turn, node_id, agent, sample): KL}), each return first becomes R − kl_coef·KL
+    (the reference-KL adjustment, applied per agent to its own completions before the baseline); the
+    stored `return` is the adjusted one.
+    """
     rows = []
     for node, rets in sorted(per_agent_returns(scores, num_agents, k, joint_mode).items()):
         step, turn, node_id = node
         for a in range(num_agents):
-            R = torch.tensor(rets[a], dtype=torch.float64)
+            own = rets[a]
+            if kls is not None:
+                own = apply_reference_kl(own, [kls[node + (a, s)] for s in range(k)], kl_coef)
+            R = torch.tensor(own, dtype=torch.float64)
             A = advantages(R, mode, normalize)
             for s in range(k):
                 rows.append({"step": step, "item_id": item_of_node[node], "turn": turn, "node_id": node_id,

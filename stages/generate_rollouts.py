@@ -9,7 +9,8 @@ is decoded without special tokens. Sampling is reproducible and independent of
 resumption: the RNG is seeded per (run seed, update, agent).
 
 Output rows (schema `rollouts`): step, item_id, turn, node_id, agent, sample, prompt,
-prompt_ids, completion_ids, completion_text, length, finished.
+prompt_ids, completion_ids, completion_text, length, finished, ref_kl (k3 KL to the frozen
+reference model when reference KL is on, else 0).
 """
 
 import hashlib
@@ -53,8 +54,12 @@ def trim_completion(row: list[int], eos_id: int | None) -> tuple[list[int], bool
 
 
 @torch.inference_mode()
-def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: SamplingConfig, seed: int):
-    """One batched generate: returns per (prompt, sample) lists of (prompt_ids, completion_ids, text, finished)."""
+def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: SamplingConfig, seed: int,
+                       reference=None):
+    """One batched generate: per (prompt, sample) a tuple (prompt_ids, completion_ids, text, finished, ref_kl).
+
+    ref_kl is the k3 KL to `reference` (a frozen model) summed over the completion, 0.0 without one.
+    """
     empty = [i for i, p in enumerate(prompts) if not p]
     if empty:
         raise ValueError(f"empty prompt for item(s) at position {empty}: every agent prompt needs text")
@@ -86,8 +91,14 @@ def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: Samplin
         if pad is not None and pad in text_ids:  # the reference's reward text ends at the first pad token
             text_ids = text_ids[:text_ids.index(pad)]
         text = tok.decode(text_ids, skip_special_tokens=True)
-        rows.append((p_ids, c_ids, text, finished))
-    return rows
+        rows.append([p_ids, c_ids, text, finished, 0.0])
+    if reference is not None:
+        from stages.reference_kl import k3_kl
+
+        kls = k3_kl(model, reference, [r[0] for r in rows], [r[1] for r in rows], tok.pad_token_id)
+        for r, kl in zip(rows, kls):
+            r[4] = kl
+    return [tuple(r) for r in rows]
 
 
 def generate_rollouts(policies: Policies, agent_prompts: list[list[str]], item_ids: list[int],
@@ -100,9 +111,9 @@ def generate_rollouts(policies: Policies, agent_prompts: list[list[str]], item_i
     for agent, gen in enumerate(outs):
         for j, item_id in enumerate(item_ids):
             for s in range(k):
-                p_ids, c_ids, text, finished = gen[j * k + s]
+                p_ids, c_ids, text, finished, kl = gen[j * k + s]
                 rows.append({"step": step, "item_id": item_id, "turn": turn, "node_id": j, "agent": agent,
                              "sample": s, "prompt": agent_prompts[agent][j], "prompt_ids": p_ids,
                              "completion_ids": c_ids, "completion_text": text, "length": len(c_ids),
-                             "finished": finished})
+                             "finished": finished, "ref_kl": kl})
     return rows

@@ -126,6 +126,7 @@ class AgentState:
     tokenizer: object
     lr: float
     optimizer: object = None
+    reference: object = None  # frozen reference model for the KL penalty (None when KL is off)
 
     def ensure_optimizer(self):
         """Per-agent AdamW (the reference's optimizer; fused kernels where torch has them)."""
@@ -139,10 +140,15 @@ class AgentState:
 
 
 def load_agent_state(source: str | Path, lr: float, dtype: str = "float32", attn_implementation: str | None = "sdpa",
-                     device: str = "cpu", optimizer_file: Path | None = None) -> AgentState:
-    """Load one agent (and its optimizer state when a checkpoint has one)."""
+                     device: str = "cpu", optimizer_file: Path | None = None, reference_source: str | None = None,
+                     reference_device: str | None = None) -> AgentState:
+    """Load one agent (its optimizer state when a checkpoint has one, its frozen reference when asked)."""
     model, tok = load_agent(source, dtype, attn_implementation, device)
     agent = AgentState(model, tok, lr)
+    if reference_source is not None:
+        ref, _ = load_agent(reference_source, dtype, attn_implementation, reference_device or device)
+        ref.requires_grad_(False)
+        agent.reference = ref
     if optimizer_file is not None and Path(optimizer_file).is_file():
         agent.ensure_optimizer().load_state_dict(torch.load(optimizer_file, map_location=resolve_device(device)))
     return agent
@@ -187,10 +193,15 @@ class Policies:
 
 def load_policies(sources: list[str | Path], lr: float, dtype: str = "float32",
                   attn_implementation: str | None = "sdpa", device: str = "cpu",
-                  optimizer_files: list[Path | None] | None = None) -> Policies:
-    """Load every agent from its source dir/id."""
-    opts = optimizer_files or [None] * len(sources)
-    return Policies([load_agent_state(src, lr, dtype, attn_implementation, device, o) for src, o in zip(sources, opts)])
+                  optimizer_files: list[Path | None] | None = None, reference_sources: list[str] | None = None,
+                  reference_devices: list[str] | None = None) -> Policies:
+    """Load every agent from its source dir/id (with frozen references when reference_sources is given)."""
+    n = len(sources)
+    opts = optimizer_files or [None] * n
+    refs = reference_sources or [None] * n
+    rdev = reference_devices or [None] * n
+    return Policies([load_agent_state(sources[i], lr, dtype, attn_implementation, device, opts[i], refs[i], rdev[i])
+                     for i in range(n)])
 
 
 def checkpoint_sources(path: Path, n_agents: int) -> tuple[list[Path], list[Path], dict]:

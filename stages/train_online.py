@@ -180,10 +180,12 @@ def update_keys(ctx: RunContext, policy_key: str, u: Update) -> UpdateKeys:
     items = [ctx.train_items[i] for i in u.item_ids]
     fmt = [cfg.formatter_for(i).model_dump() for i in range(ctx.n)]
     rk = key_for("rollouts", {"policy": policy_key, "items": items_digest(items), "sampling": ctx.sampling.__dict__,
-                              "formatters": fmt, "seed": cfg.seed, "update": u.index, "v": STAGE_VERSION})
+                              "formatters": fmt, "seed": cfg.seed, "update": u.index, "v": STAGE_VERSION,
+                              "reference_kl": t.reference_kl_enabled})
     sk = key_for("scores", {"rollouts": rk, "reward": ctx.reward_id, "joint_mode": t.joint_mode,
                             "env_step_base": u.env_step_base})
-    ak = key_for("advantages", {"scores": sk, "mode": cfg.advantage_mode, "norm": t.advantage_normalization})
+    ak = key_for("advantages", {"scores": sk, "mode": cfg.advantage_mode, "norm": t.advantage_normalization,
+                                "kl_coef": t.reference_kl_coef if t.reference_kl_enabled else None})
     pk = key_for("policy", {"prev": policy_key, "advantages": ak, "lr": t.agent_learning_rate,
                             "batch": t.batch_size, "seed": cfg.seed})
     return UpdateKeys(rk, sk, ak, pk)
@@ -204,14 +206,19 @@ def segment_end_keys(ctx: RunContext) -> list[str]:
 
 def _open_policies(ctx: RunContext, sources: list, optimizer_files: list | None, state: dict):
     """In-process Policies, or one worker process per agent when parallel_training is 'mp'."""
-    a, t = ctx.cfg.agents, ctx.cfg.trainer
-    if t.parallel_training == "mp":
-        from stages.agent_workers import WorkerPolicies, agent_devices
+    from stages.agent_workers import WorkerPolicies, agent_devices
 
-        pol = WorkerPolicies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation,
-                             agent_devices(t.agent_devices, ctx.n, a.device), optimizer_files)
+    a, t = ctx.cfg.agents, ctx.cfg.trainer
+    devices = agent_devices(t.agent_devices, ctx.n, a.device)
+    # The frozen references are always the *initial* agent sources (also when resuming a checkpoint).
+    refs = list(ctx.sources) if t.reference_kl_enabled else None
+    rdev = agent_devices(t.reference_devices, ctx.n, devices[0]) if t.reference_devices else devices
+    if t.parallel_training == "mp":
+        pol = WorkerPolicies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, devices,
+                             optimizer_files, refs, rdev)
     else:
-        pol = load_policies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, a.device, optimizer_files)
+        pol = load_policies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, a.device, optimizer_files,
+                            refs, rdev)
     pol.state = state
     return pol
 
@@ -326,8 +333,10 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
             aref = store.find("advantages", keys.advantages)
             if aref is None:
                 node_item = {(r["step"], r["turn"], r["node_id"]): r["item_id"] for r in rows}
+                kls = ({(r["step"], r["turn"], r["node_id"], r["agent"], r["sample"]): r["ref_kl"] for r in rows}
+                       if t.reference_kl_enabled else None)
                 adv = compute_advantages(scores, node_item, ctx.n, t.num_generations, t.joint_mode,
-                                         cfg.advantage_mode, t.advantage_normalization)
+                                         cfg.advantage_mode, t.advantage_normalization, kls, t.reference_kl_coef)
                 aref = store.put_table("advantages", keys.advantages, adv)
                 CALLS["advantages"] += 1
             else:
@@ -352,6 +361,11 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
                                 {"key": "turn_1/expected_return", "value": sum(returns) / len(returns),
                                  "env_step": env_step}]
                 metric_rows += [{"key": k, "value": v, "env_step": env_step} for k, v in um.items()]
+                if t.reference_kl_enabled:
+                    kl_mean = sum(r["ref_kl"] for r in rows) / len(rows)
+                    metric_rows += [{"key": "turn_1/reference_kl_mean", "value": kl_mean, "env_step": env_step},
+                                    {"key": "turn_1/reference_kl_penalty_mean", "value": t.reference_kl_coef * kl_mean,
+                                     "env_step": env_step}]
             steps_rows.append({"update": u.index, "epoch": u.epoch, "env_step": env_step, "rollouts": ref.key,
                                "scores": sref.key, "advantages": aref.key, "reward_mean": reward_mean})
             state.update(update=u.index + 1, env_step=env_step, epoch=u.epoch)

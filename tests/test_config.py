@@ -128,9 +128,9 @@ def test_multi_turn_rejected_by_run_config():
         validate_config({"trainer": {"num_turns": 2}})
 
 
-def test_reference_kl_rejected_by_run_config():
-    with pytest.raises(ConfigError, match="reference_kl_enabled"):
-        validate_config(_cfg(reference_kl_enabled=True))
+def test_reference_kl_accepted_by_run_config():
+    cfg = validate_config(_cfg(reference_kl_enabled=True, reference_kl_coef=0.5))
+    assert cfg.trainer.reference_kl_enabled and cfg.trainer.reference_kl_coef == 0.5
 
 
 def test_top_k_null_allowed():

@@ -130,7 +130,8 @@ def test_generate_for_agent_rows(tiny):
     assert len(rows) == len(PROMPTS) * 2
     for j, prompt in enumerate(PROMPTS):
         for s in range(2):
-            p_ids, c_ids, text, finished = rows[j * 2 + s]
+            p_ids, c_ids, text, finished, kl = rows[j * 2 + s]
+            assert kl == 0.0
             assert p_ids == tok(prompt)["input_ids"]  # left pads removed
             assert 1 <= len(c_ids) <= 6
             assert finished == (c_ids[-1] == tok.eos_token_id)
