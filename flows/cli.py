@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--stages", nargs="+", help="run only these stages (taskset train evaluate score)")
     r.add_argument("--refresh", nargs="+", default=[], help="recompute these stages even if cached (evaluate)")
     r.add_argument("--rescore-from", help="run_key of an earlier run whose stored rollouts 'score' re-scores")
+    r.add_argument("--continue-run", help="MLflow run id of a shorter run of this config to continue (e.g. after "
+                                          "raising trainer.num_train_epochs); logs into that run")
     r.add_argument("--no-progress", action="store_true", help="hide progress bars")
     v = sub.add_parser("validate", help="validate a config (no model is loaded)")
     v.add_argument("--config")
@@ -149,7 +151,8 @@ def _run(args) -> int:
         with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             summary = FLOWS[args.flow](config_path=config_path, overrides=args.overrides or None,
                                        stages=args.stages, refresh=args.refresh or None,
-                                       rescore_from=args.rescore_from, show_progress=not args.no_progress)
+                                       rescore_from=args.rescore_from, show_progress=not args.no_progress,
+                                       continue_run=args.continue_run)
     except ConfigError as err:
         print(f"coopflow: {err}", file=sys.stderr)
         return 2

@@ -53,9 +53,17 @@ class Tracker:
         """Create (or reopen) the run and log the params."""
         if not self.enabled:
             return None
-        if run_id:
+        if run_id:  # continue an earlier run: its params stay; changed values are recorded as tags
             self.client.update_run(run_id, status="RUNNING")
             self.run_id = run_id
+            old = self.client.get_run(run_id).data.params
+            from mlflow.entities import Param
+
+            new = {k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in flatten(params).items()}
+            fresh = [Param(k, v[:6000]) for k, v in sorted(new.items()) if k not in old]
+            for i in range(0, len(fresh), 100):
+                self.client.log_batch(run_id, params=fresh[i:i + 100])
+            self.tag({f"continued.{k}": f"{old[k]} -> {v}" for k, v in new.items() if k in old and old[k] != v[:6000]})
             return run_id
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id

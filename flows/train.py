@@ -116,8 +116,12 @@ def _missing(kind: str, step: dict):
 def run_training(algorithm: str, config: dict | None = None, config_path: str | None = None,
                  overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
                  refresh: list[str] | None = None, rescore_from: str | None = None,
-                 show_progress: bool = False) -> dict:
-    """Validate the config, chain the stage tasks, track in MLflow; returns the run summary."""
+                 show_progress: bool = False, continue_run: str | None = None) -> dict:
+    """Validate the config, chain the stage tasks, track in MLflow; returns the run summary.
+
+    `continue_run` (an MLflow run id) continues an earlier, shorter run of the same config (e.g. 1 epoch,
+    now 3): its segments are reused and the new ones log into that same MLflow run, env_step continuing.
+    """
     cfg = load_config(config_path, overrides, algorithm=algorithm, base=config)
     stages = list(stages or ["taskset", "train", "evaluate"])
     refresh = list(refresh or [])
@@ -145,9 +149,13 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
         prefect_tags = {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": str(flow_run.name)}
     except Exception:  # pragma: no cover - outside a flow run
         prefect_tags = {}
+    if continue_run:
+        _check_continuation(tracker, continue_run, ends)
     run_id = tracker.start(tr.run_name or f"{algorithm}-{run_key[:8]}",
                            {"coopflow.algorithm": algorithm, "coopflow.run_key": run_key, **prefect_tags},
-                           cfg.model_dump(mode="json"))
+                           cfg.model_dump(mode="json"), run_id=continue_run)
+    if continue_run:
+        tracker.tag({"coopflow.run_key": run_key, **prefect_tags})
     logger.info("%s: %d updates in %d segment(s), run_key %s, mlflow run %s", algorithm, len(ctx.updates),
                 len(ctx.segments), run_key, run_id)
     ok = False
@@ -168,7 +176,8 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
                 ckpt, key = res["checkpoint"], end
                 steps_refs.append(res["steps"])
                 cached.append(res["cached"])
-                tracker.log_metrics(store.read_rows(res["metrics"]))
+                if not (continue_run and res["cached"]):  # a continued run already has those points
+                    tracker.log_metrics(store.read_rows(res["metrics"]))
                 metric_refs.append(res["metrics"])
                 tracker.record(f"checkpoint.segment_{i}", ckpt)
         elif "evaluate" in stages:
@@ -222,6 +231,20 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
         tracker.finish(ok)
 
 
+def _check_continuation(tracker: Tracker, run_id: str, ends: list[str]) -> None:
+    """The MLflow run to continue must have trained a prefix of this config's segments."""
+    if not tracker.enabled:
+        raise ConfigError("continue_run needs MLflow tracking (tracking.enabled: true)")
+    try:
+        prev = tracker.client.get_run(run_id)
+    except Exception as err:
+        raise ConfigError(f"continue_run={run_id!r}: no such MLflow run ({err.__class__.__name__})") from None
+    prev_key = prev.data.tags.get("coopflow.run_key")
+    if prev_key not in ends:
+        raise ConfigError(f"continue_run={run_id!r} trained run_key {prev_key!r}, which is not a segment of this "
+                          "config's training; only a longer run of the same config (e.g. more epochs) can continue it")
+
+
 def _segment_keys_of(store: ArtifactStore, run_key: str) -> list[str]:
     """Segment end keys of an earlier run, read from its final checkpoint's trainer state."""
     ck = store.find("checkpoint", run_key)
@@ -265,36 +288,40 @@ def _run_name() -> str:
 def train_magrpo(config: dict | None = None, config_path: str | None = None,
                  overrides: dict[str, Any] | None = None, stages: list[str] | None = None,
                  refresh: list[str] | None = None, rescore_from: str | None = None,
-                 show_progress: bool = False) -> dict:
+                 show_progress: bool = False, continue_run: str | None = None) -> dict:
     """MAGRPO: group-mean baseline."""
-    return run_training("magrpo", config, config_path, overrides, stages, refresh, rescore_from, show_progress)
+    return run_training("magrpo", config, config_path, overrides, stages, refresh, rescore_from, show_progress,
+                        continue_run)
 
 
 @flow(name="train-mareinforce", flow_run_name=_run_name, log_prints=True)
 def train_mareinforce(config: dict | None = None, config_path: str | None = None,
                       overrides: dict[str, Any] | None = None, stages: list[str] | None = None,
                       refresh: list[str] | None = None, rescore_from: str | None = None,
-                      show_progress: bool = False) -> dict:
+                      show_progress: bool = False, continue_run: str | None = None) -> dict:
     """MAREINFORCE: no baseline (advantage = return)."""
-    return run_training("mareinforce", config, config_path, overrides, stages, refresh, rescore_from, show_progress)
+    return run_training("mareinforce", config, config_path, overrides, stages, refresh, rescore_from, show_progress,
+                        continue_run)
 
 
 @flow(name="train-marloo", flow_run_name=_run_name, log_prints=True)
 def train_marloo(config: dict | None = None, config_path: str | None = None,
                  overrides: dict[str, Any] | None = None, stages: list[str] | None = None,
                  refresh: list[str] | None = None, rescore_from: str | None = None,
-                 show_progress: bool = False) -> dict:
+                 show_progress: bool = False, continue_run: str | None = None) -> dict:
     """MARLOO: leave-one-out baseline."""
-    return run_training("marloo", config, config_path, overrides, stages, refresh, rescore_from, show_progress)
+    return run_training("marloo", config, config_path, overrides, stages, refresh, rescore_from, show_progress,
+                        continue_run)
 
 
 @flow(name="train-maremax", flow_run_name=_run_name, log_prints=True)
 def train_maremax(config: dict | None = None, config_path: str | None = None,
                   overrides: dict[str, Any] | None = None, stages: list[str] | None = None,
                   refresh: list[str] | None = None, rescore_from: str | None = None,
-                  show_progress: bool = False) -> dict:
+                  show_progress: bool = False, continue_run: str | None = None) -> dict:
     """MAReMax: group-max baseline."""
-    return run_training("maremax", config, config_path, overrides, stages, refresh, rescore_from, show_progress)
+    return run_training("maremax", config, config_path, overrides, stages, refresh, rescore_from, show_progress,
+                        continue_run)
 
 
 FLOWS = {"train-magrpo": train_magrpo, "train-mareinforce": train_mareinforce,

@@ -98,3 +98,35 @@ def test_invalid_config_fails_before_any_model_loads(prefect_harness, tmp_path):
         train_magrpo(config=bad)
     assert _delta(before) == {}
     assert not (tmp_path / "artifacts").exists()
+
+
+def test_continue_training_into_the_same_mlflow_run(prefect_harness, tmp_path):
+    """1 epoch, then continue to 3 epochs: same MLflow run, env_step continues, equals an uninterrupted run."""
+    from mlflow.tracking import MlflowClient
+
+    from flows.train import train_magrpo
+    from tests.test_training import _weights
+
+    one = small_config(tmp_path / "a")
+    three = {**one, "trainer": {**one["trainer"], "num_train_epochs": 3}}
+    LIVE.clear()
+    first = train_magrpo(config=one)
+    before = dict(T.CALLS)
+    cont = train_magrpo(config=three, continue_run=first["mlflow_run_id"])
+    assert _delta(before).get("generate") == 4  # epochs 2 and 3 only (2 updates each)
+    assert cont["mlflow_run_id"] == first["mlflow_run_id"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{one['data_dir']}/mlflow.db")
+    hist = client.get_metric_history(first["mlflow_run_id"], "turn_1/reward_mean")
+    assert [m.step for m in hist] == [4, 8, 12, 16, 20, 24]
+    run = client.get_run(first["mlflow_run_id"])
+    assert run.data.tags["coopflow.run_key"] == cont["run_key"]
+    assert run.data.tags["continued.trainer.num_train_epochs"] == "1 -> 3"
+    LIVE.clear()
+    straight = train_magrpo(config={**three, "data_dir": str(tmp_path / "b")})
+    assert straight["run_key"] == cont["run_key"]
+    wa, wb = _weights(__import__("pathlib").Path(cont["checkpoint"])), _weights(
+        __import__("pathlib").Path(straight["checkpoint"]))
+    for k in wa:
+        assert __import__("torch").allclose(wa[k], wb[k], atol=1e-6), k
+    with pytest.raises(ConfigError, match="not a segment of this config"):
+        train_magrpo(config={**three, "seed": 5}, continue_run=first["mlflow_run_id"])
