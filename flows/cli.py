@@ -173,6 +173,10 @@ def _print_summary(s: dict) -> None:
               "wall_seconds", "mlflow_run_id", "run_key", "checkpoint", "executed"):
         if k in s:
             print(f"{k:>16}: {_fmt(s[k])}")
+    if "budget" in s:
+        b = s["budget"]
+        print(f"{'budget':>16}: {b['updates']} updates, {b['generate_calls']} generate calls, {b['sequences']} "
+              f"sequences, {b['joint_actions']} joint actions")
     for k, v in (s.get("eval") or {}).items():
         print(f"{k:>16}: {_fmt(v)}")
     if "rescore" in s:

@@ -38,7 +38,7 @@ def _no_retry_on_bad_input(task, task_run, state) -> bool:
     """Retry a segment only for errors that a retry can fix (not bad config/numerics/corruption)."""
     try:
         state.result()
-    except (ValueError, FloatingPointError, ArtifactError, ConfigError, FileNotFoundError, TypeError):
+    except (ValueError, FloatingPointError, ArtifactError, ConfigError, FileNotFoundError, TypeError):  # noqa
         return False
     except Exception:
         return True
@@ -156,14 +156,15 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
                            cfg.model_dump(mode="json"), run_id=continue_run)
     if continue_run:
         tracker.tag({"coopflow.run_key": run_key, **prefect_tags})
-    logger.info("%s: %d updates in %d segment(s), run_key %s, mlflow run %s", algorithm, len(ctx.updates),
+    logger.info("%s: %s in %d segment(s), run_key %s, mlflow run %s", algorithm, ctx.budget.describe(),
                 len(ctx.segments), run_key, run_id)
     ok = False
     try:
         tracker.record("taskset", taskset, tag=True)
         tracker.log_dataset(f"taskset-{cfg.taskset.name}", taskset)
         tracker.flush()
-        summary: dict[str, Any] = {"algorithm": algorithm, "run_key": run_key, "mlflow_run_id": run_id}
+        summary: dict[str, Any] = {"algorithm": algorithm, "run_key": run_key, "mlflow_run_id": run_id,
+                                   "budget": ctx.budget.as_dict()}
 
         # --- train (segment by segment; cached segments return their stored refs)
         ckpt, key, steps_refs, steps_rows, cached, metric_refs = None, ctx.start_key, [], [], [], []

@@ -235,6 +235,8 @@ class RunConfig(_Strict):
     seed: int = Field(0, description="Seed of generation sampling, minibatch shuffles and the tiny model.")
     data_dir: str | None = Field(None, description="Data directory; null = $COOPFLOW_HOME or ./.coopflow.")
     checkpoint_every: int = Field(0, ge=0, description="Write a checkpoint every this many updates (0 = once per epoch).")
+    max_sequences: int = Field(2_000_000, ge=0, description="Refuse a run that would generate more sequences than "
+                                                            "this (pre-flight budget; 0 = no limit).")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
 
     @model_validator(mode="after")

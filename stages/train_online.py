@@ -33,6 +33,7 @@ from pathlib import Path
 
 from artifacts import ArtifactRef, ArtifactStore, key_for
 from schemas.config import RunConfig
+from stages import budget
 from stages.build_taskset import items_digest, load_items
 from stages.compute_advantages import compute_advantages
 from stages.evaluate import evaluate
@@ -107,6 +108,7 @@ class RunContext:
     updates: list[Update]
     segments: list[list[Update]]
     formatters: list = field(default_factory=list)
+    budget: "budget.Budget | None" = None
 
     @property
     def n(self) -> int:
@@ -154,6 +156,10 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
                      sampling=sampling, updates=[], segments=[])
     ctx.updates = plan_updates(len(train), t.num_train_epochs, t.rollout_buffer_size, ctx.joint_actions_per_item())
     ctx.segments = plan_segments(ctx.updates, cfg.checkpoint_every)
+    n_eval = len(evals[:t.eval_num_samples] if t.eval_num_samples else evals)
+    ctx.budget = budget.estimate(len(train), n_eval, cfg.agents.n, t.num_generations, t.num_turns, t.joint_mode,
+                                 t.num_train_epochs, t.rollout_buffer_size)
+    budget.check(ctx.budget, cfg.max_sequences)
     return ctx
 
 

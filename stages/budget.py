@@ -1,0 +1,70 @@
+"""Pre-flight budget: what a config will cost, computed before any model loads.
+
+Per training item and turn depth t (0-based), a tree of joint actions has
+    aligned: K^t nodes        cross: (K^N)^t nodes
+and every node asks each of the N agents for K samples and scores K (aligned) or K^N (cross) joint
+actions, one reward call each. Generation is batched: one `generate` per agent per depth per update.
+A depth is reached only if the previous one is (multi-turn); single turn is H = 1.
+"""
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Counts for the whole training run plus the final evaluation."""
+
+    updates: int
+    generate_calls: int
+    sequences: int
+    joint_actions: int
+    reward_calls: int
+    eval_sequences: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return (f"{self.updates} updates, {self.generate_calls} generate calls, {self.sequences} sequences, "
+                f"{self.joint_actions} joint actions ({self.reward_calls} reward calls), "
+                f"{self.eval_sequences} eval sequences")
+
+
+def estimate(n_items: int, n_eval_items: int, num_agents: int, k: int, num_turns: int, joint_mode: str,
+             epochs: int, buffer: int) -> Budget:
+    """Upper-bound counts (no early termination) for a run over `n_items` training items."""
+    n = num_agents
+    branch = k if (joint_mode == "aligned" or n == 1) else k ** n  # children (= joint actions) per node
+    nodes = sum(branch ** t for t in range(num_turns))  # nodes per item over all depths
+    updates_per_epoch = -(-n_items // buffer)
+    items = n_items * epochs
+    return Budget(updates=updates_per_epoch * epochs,
+                  generate_calls=updates_per_epoch * epochs * num_turns * n,
+                  sequences=items * nodes * k * n,
+                  joint_actions=items * nodes * branch,
+                  reward_calls=items * nodes * branch,
+                  eval_sequences=n_eval_items * num_turns * n)
+
+
+class BudgetExceeded(ValueError):
+    """The config implies more generated sequences than the configured limit."""
+
+
+def check(budget: Budget, max_sequences: int) -> None:
+    """Raise BudgetExceeded naming the counts and the knob when the run is larger than allowed."""
+    if max_sequences and budget.sequences > max_sequences:
+        raise BudgetExceeded(f"this config would generate {budget.sequences:,} sequences ({budget.describe()}), "
+                             f"above max_sequences={max_sequences:,}; lower num_generations/num_turns/items, use "
+                             "joint_mode: aligned, or raise max_sequences")
+
+
+def unreachable_turns_warning(num_turns: int, threshold: float | None, reward_range: tuple | None) -> str | None:
+    """Warn when early termination stops every branch after turn 1 for the reward's declared range."""
+    if num_turns <= 1 or threshold is None or reward_range is None:
+        return None
+    lo = reward_range[0]
+    if lo > threshold:
+        return (f"early_termination_threshold={threshold} is below the reward's minimum {lo}: every node's mean "
+                f"reward exceeds it, so no branch ever reaches turn 2 (num_turns={num_turns} does nothing); "
+                "set early_termination_threshold: null or a value inside the reward range")
+    return None
