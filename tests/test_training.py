@@ -102,13 +102,14 @@ def test_kill_and_resume_loses_no_completed_step(tmp_path):
     store = ArtifactStore(tmp_path / "killed" / "artifacts")
     done = len([p for p in rollouts.iterdir() if not p.name.startswith(".")])
     ckpts = [p for p in (tmp_path / "killed" / "artifacts" / "checkpoint").iterdir() if not p.name.startswith(".")]
-    assert 5 <= done < 8 and len(ckpts) == 1  # killed inside the second segment, after its first checkpoint
+    assert 5 <= done < 8 and len(ckpts) in (1, 2)  # killed after the first checkpoint, before the end
     # --- rerun the same config in-process: generates only the missing updates
     LIVE.clear()
     before = dict(T.CALLS)
     resumed = run_direct(validate_config(killed_cfg), store=store)
     assert T.CALLS["generate"] - before.get("generate", 0) == 8 - done
-    assert T.CALLS["update"] - before.get("update", 0) == 8 - 3  # updates 3..7 (segment 2 replayed + segment 3)
+    # segments hold 3 updates: everything after the last stored checkpoint is updated again (replayed or new)
+    assert T.CALLS["update"] - before.get("update", 0) == 8 - 3 * len(ckpts)
     # --- identical to an uninterrupted run
     LIVE.clear()
     clean = run_direct(validate_config({**killed_cfg, "data_dir": str(tmp_path / "clean")}))
