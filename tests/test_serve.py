@@ -1,0 +1,17 @@
+"""Deployment objects built by `coopflow serve`: names, schedules, default parameters."""
+
+from datetime import timedelta
+
+
+def test_deployments_names_schedules_and_defaults():
+    from flows.serve import deployments
+
+    deps = deployments("nightly", cron="0 3 * * *", config_path="/abs/configs/magrpo-story.yaml")
+    assert sorted(d.name for d in deps) == ["nightly"] * 4
+    assert {d.flow_name for d in deps} == {"train-magrpo", "train-mareinforce", "train-marloo", "train-maremax"}
+    for d in deps:
+        assert d.parameters == {"config_path": "/abs/configs/magrpo-story.yaml"}
+        assert [s.schedule.cron for s in d.schedules] == ["0 3 * * *"]
+    every = deployments("local", interval=3600)
+    assert all(s.schedule.interval == timedelta(hours=1) for d in every for s in d.schedules)
+    assert all(not d.schedules for d in deployments("local"))
