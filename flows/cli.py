@@ -153,7 +153,7 @@ def _run(args) -> int:
                                        stages=args.stages, refresh=args.refresh or None,
                                        rescore_from=args.rescore_from, show_progress=not args.no_progress,
                                        continue_run=args.continue_run)
-    except ConfigError as err:
+    except (ConfigError, FileNotFoundError) as err:
         print(f"coopflow: {err}", file=sys.stderr)
         return 2
     summary["wall_seconds"] = time.time() - t0

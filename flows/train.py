@@ -287,7 +287,7 @@ def _run_name() -> str:
 
 @flow(name="train-magrpo", flow_run_name=_run_name, log_prints=True)
 def train_magrpo(config: dict | None = None, config_path: str | None = None,
-                 overrides: dict[str, Any] | None = None, stages: list[str] | None = None,
+                 overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
                  refresh: list[str] | None = None, rescore_from: str | None = None,
                  show_progress: bool = False, continue_run: str | None = None) -> dict:
     """MAGRPO: group-mean baseline."""
@@ -297,7 +297,7 @@ def train_magrpo(config: dict | None = None, config_path: str | None = None,
 
 @flow(name="train-mareinforce", flow_run_name=_run_name, log_prints=True)
 def train_mareinforce(config: dict | None = None, config_path: str | None = None,
-                      overrides: dict[str, Any] | None = None, stages: list[str] | None = None,
+                      overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
                       refresh: list[str] | None = None, rescore_from: str | None = None,
                       show_progress: bool = False, continue_run: str | None = None) -> dict:
     """MAREINFORCE: no baseline (advantage = return)."""
@@ -307,7 +307,7 @@ def train_mareinforce(config: dict | None = None, config_path: str | None = None
 
 @flow(name="train-marloo", flow_run_name=_run_name, log_prints=True)
 def train_marloo(config: dict | None = None, config_path: str | None = None,
-                 overrides: dict[str, Any] | None = None, stages: list[str] | None = None,
+                 overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
                  refresh: list[str] | None = None, rescore_from: str | None = None,
                  show_progress: bool = False, continue_run: str | None = None) -> dict:
     """MARLOO: leave-one-out baseline."""
@@ -317,7 +317,7 @@ def train_marloo(config: dict | None = None, config_path: str | None = None,
 
 @flow(name="train-maremax", flow_run_name=_run_name, log_prints=True)
 def train_maremax(config: dict | None = None, config_path: str | None = None,
-                  overrides: dict[str, Any] | None = None, stages: list[str] | None = None,
+                  overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
                   refresh: list[str] | None = None, rescore_from: str | None = None,
                   show_progress: bool = False, continue_run: str | None = None) -> dict:
     """MAReMax: group-max baseline."""

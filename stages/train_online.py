@@ -133,6 +133,9 @@ def resolve_sources(cfg: RunConfig, store: ArtifactStore) -> tuple[list[str], di
             files = sorted((f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in p.iterdir() if f.is_file())
             paths.append(str(p))
             ident.append({"dir": str(p), "files": files})
+        elif src.startswith((".", "/", "~")) or src.count("/") > 1:
+            raise FileNotFoundError(f"agents: model directory {src!r} does not exist (a source is 'tiny', an "
+                                    "existing local directory or a Hugging Face model id like 'org/name')")
         else:
             paths.append(src)
             ident.append({"hub": src})
