@@ -49,3 +49,18 @@ def test_readme_config_reference_is_current():
     start = readme.index("<!-- config-reference:start")
     body = readme[readme.index("\n", start) + 1:readme.index("<!-- config-reference:end -->")].strip()
     assert body == config_reference().strip(), "README config reference is stale: run `coopflow config-reference`"
+
+
+def test_cli_tiny_model_builds_a_loadable_model(tmp_path):
+    r = _cli("tiny-model", str(tmp_path / "tiny"), "--hidden", "32", "--layers", "1")
+    assert r.returncode == 0, r.stderr
+    from transformers import AutoConfig, AutoTokenizer
+
+    assert AutoConfig.from_pretrained(tmp_path / "tiny").hidden_size == 32
+    tok = AutoTokenizer.from_pretrained(tmp_path / "tiny")
+    assert tok.decode(tok("the moon")["input_ids"]) == "the moon"
+
+
+def test_cli_lists_flows_and_config_reference():
+    assert _cli("flows").stdout.split() == ["train-magrpo", "train-mareinforce", "train-marloo", "train-maremax"]
+    assert "`trainer.num_generations`" in _cli("config-reference").stdout
