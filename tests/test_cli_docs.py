@@ -64,3 +64,10 @@ def test_cli_tiny_model_builds_a_loadable_model(tmp_path):
 def test_cli_lists_flows_and_config_reference():
     assert _cli("flows").stdout.split() == ["train-magrpo", "train-mareinforce", "train-marloo", "train-maremax"]
     assert "`trainer.num_generations`" in _cli("config-reference").stdout
+
+
+def test_shipped_config_works_with_every_flow():
+    for algo in ("magrpo", "mareinforce", "marloo", "maremax"):
+        r = _cli("validate", "--config", "configs/magrpo-story.yaml", "--algorithm", algo)
+        assert r.returncode == 0, r.stderr
+        assert f'"algorithm": "{algo}"' in r.stdout
