@@ -28,7 +28,6 @@ from flows.tracking import CurvePNG, Tracker
 from schemas.config import ConfigError, RunConfig, load_config
 from stages import train_online as T
 from stages.build_taskset import build_taskset
-from stages.score_rewards import score_rewards
 
 STAGES = ("taskset", "train", "evaluate", "score")
 """Stages a flow run can be limited to with `stages=[...]`; 'score' re-scores stored rollouts."""
@@ -38,7 +37,7 @@ def _no_retry_on_bad_input(task, task_run, state) -> bool:
     """Retry a segment only for errors that a retry can fix (not bad config/numerics/corruption)."""
     try:
         state.result()
-    except (ValueError, FloatingPointError, ArtifactError, ConfigError, FileNotFoundError, TypeError):  # noqa
+    except (ValueError, FloatingPointError, ArtifactError, ConfigError, FileNotFoundError, TypeError):
         return False
     except Exception:
         return True
@@ -85,29 +84,7 @@ def evaluate_task(ctx: T.RunContext, ckpt: ArtifactRef, refresh: bool) -> tuple[
 @task(name="rescore", cache_policy=NO_CACHE)
 def rescore_task(ctx: T.RunContext, steps_refs: list[ArtifactRef]) -> list[dict]:
     """Re-score stored rollouts with the configured reward; returns per-update metric rows."""
-    store, t = ctx.store, ctx.cfg.trainer
-    by_id = {it["_item_id"]: it for it in ctx.train_items}
-    out = []
-    for ref in steps_refs:
-        for step in store.read_rows(ref):
-            rollouts = store.read_rows(store.find("rollouts", step["rollouts"]) or _missing("rollouts", step))
-            base = step["env_step"] - len({(r["node_id"]) for r in rollouts}) * ctx.joint_actions_per_item()
-            key = T.key_for("scores", {"rollouts": step["rollouts"], "reward": ctx.reward_id,
-                                       "joint_mode": t.joint_mode, "env_step_base": base})
-            found = store.find("scores", key)
-            rows = store.read_rows(found) if found else score_rewards(rollouts, by_id, ctx.caller, ctx.processor,
-                                                                      t.joint_mode, base)
-            if not found:
-                store.put_table("scores", key, rows)
-                T.CALLS["score"] += 1
-            means = T.node_means(rows)
-            out.append({"key": "rescore/turn_1/reward_mean", "value": sum(means) / len(means),
-                        "env_step": step["env_step"]})
-    return out
-
-
-def _missing(kind: str, step: dict):
-    raise ArtifactError(f"stored {kind} of update {step['update']} ({step[kind]}) not found; cannot re-score")
+    return T.rescore(ctx, steps_refs)
 
 
 # --- the flow body -------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from artifacts import ArtifactRef, ArtifactStore, key_for
+from artifacts import ArtifactError, ArtifactRef, ArtifactStore, key_for
 from schemas.config import RunConfig
 from stages import budget
 from stages.build_taskset import items_digest, load_items
@@ -183,6 +183,23 @@ class UpdateKeys:
     policy_after: str
 
 
+def scores_key(ctx: RunContext, rollouts_key: str, env_step_base: int) -> str:
+    """Key of the scores of one rollouts artifact under this run's reward and joint mode."""
+    return key_for("scores", {"rollouts": rollouts_key, "reward": ctx.reward_id,
+                              "joint_mode": ctx.cfg.trainer.joint_mode, "env_step_base": env_step_base})
+
+
+def score_or_load(ctx: RunContext, rows: list[dict], by_id: dict[int, dict], key: str,
+                  env_step_base: int) -> tuple[ArtifactRef, list[dict]]:
+    """The scores artifact `key`: read it when stored, else score the rollout rows and store them."""
+    ref = ctx.store.find("scores", key)
+    if ref is not None:
+        return ref, ctx.store.read_rows(ref)
+    scores = score_rewards(rows, by_id, ctx.caller, ctx.processor, ctx.cfg.trainer.joint_mode, env_step_base)
+    CALLS["score"] += 1
+    return ctx.store.put_table("scores", key, scores), scores
+
+
 def update_keys(ctx: RunContext, policy_key: str, u: Update) -> UpdateKeys:
     """The chained artifact keys of one update (spec'd in the module docstring)."""
     cfg, t = ctx.cfg, ctx.cfg.trainer
@@ -191,8 +208,7 @@ def update_keys(ctx: RunContext, policy_key: str, u: Update) -> UpdateKeys:
     rk = key_for("rollouts", {"policy": policy_key, "items": items_digest(items), "sampling": ctx.sampling.__dict__,
                               "formatters": fmt, "seed": cfg.seed, "update": u.index, "v": STAGE_VERSION,
                               "reference_kl": t.reference_kl_enabled})
-    sk = key_for("scores", {"rollouts": rk, "reward": ctx.reward_id, "joint_mode": t.joint_mode,
-                            "env_step_base": u.env_step_base})
+    sk = scores_key(ctx, rk, u.env_step_base)
     ak = key_for("advantages", {"scores": sk, "mode": cfg.advantage_mode, "norm": t.advantage_normalization,
                                 "kl_coef": t.reference_kl_coef if t.reference_kl_enabled else None})
     pk = key_for("policy", {"prev": policy_key, "advantages": ak, "lr": t.agent_learning_rate,
@@ -286,7 +302,8 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
 
     store, cfg, t = ctx.store, ctx.cfg, ctx.cfg.trainer
     seg = ctx.segments[seg_index]
-    end_key = segment_end_keys(ctx)[seg_index]
+    ends = segment_end_keys(ctx)
+    end_key = ends[seg_index]
     done = [store.find(kind, end_key) for kind in ("checkpoint", "steps", "metrics")]
     if all(done):  # the whole segment is already stored: nothing to run
         return SegmentResult(done[0], done[1], done[2], {}, cached=True)
@@ -331,13 +348,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
                 executed["replayed"] += 1
             # --- score
             t0 = time.perf_counter()
-            sref = store.find("scores", keys.scores)
-            if sref is None:
-                scores = score_rewards(rows, by_id, ctx.caller, ctx.processor, t.joint_mode, u.env_step_base)
-                sref = store.put_table("scores", keys.scores, scores)
-                CALLS["score"] += 1
-            else:
-                scores = store.read_rows(sref)
+            sref, scores = score_or_load(ctx, rows, by_id, keys.scores, u.env_step_base)
             # --- advantages
             aref = store.find("advantages", keys.advantages)
             if aref is None:
@@ -386,7 +397,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
         bar.close()
     # --- checkpoint + segment manifest
     t0 = time.perf_counter()
-    state["segment_keys"] = segment_end_keys(ctx)[:seg_index + 1]
+    state["segment_keys"] = ends[:seg_index + 1]
     pol.state = state
     ckpt_key = policy_key  # a checkpoint is stored under the key of the policy version it holds
     ckpt = store.put_dir("checkpoint", ckpt_key, lambda d: save_checkpoint(pol, d, state))
@@ -408,6 +419,30 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     steps = store.put_table("steps", ckpt_key, steps_rows)
     metrics = store.put_table("metrics", ckpt_key, metric_rows)
     return SegmentResult(ckpt, steps, metrics, dict(executed))
+
+
+def rescore(ctx: RunContext, steps_refs: list[ArtifactRef]) -> list[dict]:
+    """Re-score the stored rollouts of an earlier run (its `steps` manifests) with this run's reward.
+
+    No generation and no training: per update, a new scores artifact (cached by key) and a
+    `rescore/turn_1/reward_mean` metric row at the update's env_step.
+    """
+    store = ctx.store
+    by_id = {it["_item_id"]: it for it in ctx.train_items}
+    out = []
+    for ref in steps_refs:
+        for step in store.read_rows(ref):
+            found = store.find("rollouts", step["rollouts"])
+            if found is None:
+                raise ArtifactError(f"stored rollouts of update {step['update']} ({step['rollouts']}) not found; "
+                                    "cannot re-score")
+            rows = store.read_rows(found)
+            base = step["env_step"] - len({r["node_id"] for r in rows}) * ctx.joint_actions_per_item()
+            _, scores = score_or_load(ctx, rows, by_id, scores_key(ctx, step["rollouts"], base), base)
+            means = node_means(scores)
+            out.append({"key": "rescore/turn_1/reward_mean", "value": sum(means) / len(means),
+                        "env_step": step["env_step"]})
+    return out
 
 
 def train_seconds(store: ArtifactStore, metrics_refs: list[ArtifactRef]) -> tuple[float, float]:
