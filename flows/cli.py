@@ -98,14 +98,15 @@ def config_reference() -> str:
     from pydantic_core import PydanticUndefined
 
     from schemas.config import (AgentsConfig, FormatterConfig, MAGRPOConfig, RewardConfig, RunConfig, TasksetConfig,
-                                TrackingConfig)
+                                TrackingConfig, TransitionConfig)
 
     def show(v) -> str:
         return "`" + json.dumps(v) + "`"
 
     lines = ["| field | default | meaning |", "|---|---|---|"]
     sections = [(RunConfig, ""), (AgentsConfig, "agents."), (TasksetConfig, "taskset."), (RewardConfig, "reward."),
-                (FormatterConfig, "formatters[i]."), (MAGRPOConfig, "trainer."), (TrackingConfig, "tracking.")]
+                (FormatterConfig, "formatters[i]."), (MAGRPOConfig, "trainer."), (TransitionConfig, "transition."),
+                (TrackingConfig, "tracking.")]
     for model, prefix in sections:
         for name, f in model.model_fields.items():
             d = f.default
@@ -177,6 +178,8 @@ def _print_summary(s: dict) -> None:
         b = s["budget"]
         print(f"{'budget':>16}: {b['updates']} updates, {b['generate_calls']} generate calls, {b['sequences']} "
               f"sequences, {b['joint_actions']} joint actions")
+    for w in s.get("warnings") or []:
+        print(f"{'warning':>16}: {w}")
     for k, v in (s.get("eval") or {}).items():
         print(f"{k:>16}: {_fmt(v)}")
     if "rescore" in s:

@@ -135,13 +135,15 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
         tracker.tag({"coopflow.run_key": run_key, **prefect_tags})
     logger.info("%s: %s in %d segment(s), run_key %s, mlflow run %s", algorithm, ctx.budget.describe(),
                 len(ctx.segments), run_key, run_id)
+    for w in ctx.warnings:
+        logger.warning(w)
     ok = False
     try:
         tracker.record("taskset", taskset, tag=True)
         tracker.log_dataset(f"taskset-{cfg.taskset.name}", taskset)
         tracker.flush()
         summary: dict[str, Any] = {"algorithm": algorithm, "run_key": run_key, "mlflow_run_id": run_id,
-                                   "budget": ctx.budget.as_dict()}
+                                   "budget": ctx.budget.as_dict(), "warnings": list(ctx.warnings)}
 
         # --- train (segment by segment; cached segments return their stored refs)
         ckpt, key, steps_refs, steps_rows, cached, metric_refs = None, ctx.start_key, [], [], [], []

@@ -110,6 +110,28 @@ class RewardConfig(_Strict):
     processor: str | None = Field(
         None, description="Reward processor: identity | clamp:MIN:MAX | scale:F | sigmoid_scale | exponential_scale:F "
                           "| normalize_by_length:MAX | 'module:function'.")
+    reward_range: tuple[float, float] | None = Field(
+        None, description="Declared [min, max] of the raw reward; null uses the function's `reward_range` attribute "
+                          "(set_reward_range) if any. Used to warn when early termination makes turns unreachable.")
+
+    @field_validator("reward_range")
+    @classmethod
+    def _range(cls, v):
+        if v is not None and not (all(map(lambda x: x == x and abs(x) != float("inf"), v)) and v[0] < v[1]):
+            raise ValueError(f"reward_range must be finite [min, max] with min < max, got {list(v)}")
+        return v
+
+
+# --- transition (multi-turn) ---------------------------------------------------------------------
+
+
+class TransitionConfig(_Strict):
+    """The environment step between turns: builds each agent's next prompt (spec §8.3)."""
+
+    name: str = Field("plain", description="plain (show the previous answers, ask to revise) | feedback (also tell "
+                                           "the agents the joint answer's score and lengths) | 'module:function'.")
+    kwargs: dict[str, Any] = Field(default_factory=dict,
+                                   description="Keyword arguments bound to the transition (e.g. instruction: '...').")
 
 
 # --- formatters ----------------------------------------------------------------------------------
@@ -153,7 +175,8 @@ class MAGRPOConfig(_Strict):
     top_p: float = Field(0.6, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int | None = Field(50, ge=0, description="Top-k sampling; null (or 0) disables top-k entirely.")
     num_turns: int = Field(2, ge=1, description="Turns per episode H; > 1 needs a transition (multi-turn).")
-    discount: float = Field(1.0, ge=0, le=1, description="Kept for compatibility; latest MAGRPO returns are undiscounted.")
+    discount: float = Field(1.0, ge=0, le=1, description="gamma in return = reward + gamma * mean(child returns); "
+                                                         "1.0 = the reference's undiscounted returns.")
     joint_mode: str = Field("aligned", description="aligned (K joint actions) | cross (K^N, Cartesian product); "
                                                    "aliases align, crossed.")
     early_termination_threshold: float | None = Field(
@@ -232,6 +255,8 @@ class RunConfig(_Strict):
     formatters: list[FormatterConfig] | FormatterConfig | None = Field(
         None, description="One formatter for all agents, or a list with one per agent; null = item['prompt'].")
     trainer: MAGRPOConfig = Field(default_factory=MAGRPOConfig, description="Reference MAGRPOConfig fields.")
+    transition: TransitionConfig | None = Field(
+        None, description="Multi-turn transition (required when trainer.num_turns > 1); null for single-turn runs.")
     seed: int = Field(0, description="Seed of generation sampling, minibatch shuffles and the tiny model.")
     data_dir: str | None = Field(None, description="Data directory; null = $COOPFLOW_HOME or ./.coopflow.")
     checkpoint_every: int = Field(0, ge=0, description="Write a checkpoint every this many updates (0 = once per epoch).")
@@ -246,9 +271,9 @@ class RunConfig(_Strict):
             raise ValueError(f"trainer.num_agents={t.num_agents} disagrees with agents.num_agents={self.agents.num_agents}")
         if t.num_agents is not None and self.agents.num_agents is None:
             self.agents = AgentsConfig.model_validate({**self.agents.model_dump(), "num_agents": t.num_agents})
-        if t.num_turns > 1:
-            raise ValueError("trainer.num_turns > 1 (multi-turn) needs an external transition, which this release "
-                             "does not support yet; set trainer.num_turns: 1")
+        if t.num_turns > 1 and self.transition is None:
+            raise ValueError(f"trainer.num_turns={t.num_turns} (multi-turn) needs a transition: set transition.name "
+                             "to plain, feedback or 'module:function' (or trainer.num_turns: 1 for single-turn)")
         if isinstance(self.formatters, list) and len(self.formatters) != self.agents.n:
             raise ValueError(f"formatters has {len(self.formatters)} entries but there are {self.agents.n} agents")
         return self

@@ -5,7 +5,8 @@ stays a runtime parameter. A reader checks the stored schema equals the declared
 
 Kinds:
 - taskset      one row per task item
-- rollouts     one row per (step, item, agent, sample): token ids, text and length of a completion
+- rollouts     one row per (step, node, agent, sample): token ids, text and length of a completion; a node
+               is one item at one turn, and multi-turn trees link each node to its parent joint action
 - scores       one row per joint action: its per-agent sample combo and shared reward
 - advantages   one row per (step, item, agent, sample): the return and the advantage fed to the update
 - metrics      one row per logged metric point (key, value, env_step)
@@ -15,7 +16,7 @@ Kinds:
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "2"  # 2: rollouts gained ref_kl
+SCHEMA_VERSION = "3"  # 2: rollouts gained ref_kl; 3: rollouts gained parent_node/parent_joint (trees)
 
 _i32, _i64, _f64, _str, _bool = pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.bool_()
 
@@ -33,6 +34,7 @@ TABLES: dict[str, pa.Schema] = {
         ("step", _i64), ("item_id", _i64), ("turn", _i32), ("node_id", _i64), ("agent", _i32), ("sample", _i32),
         ("prompt", _str), ("prompt_ids", pa.list_(_i32)), ("completion_ids", pa.list_(_i32)),
         ("completion_text", _str), ("length", _i32), ("finished", _bool), ("ref_kl", _f64),
+        ("parent_node", _i64), ("parent_joint", _i32),  # -1 at a root; else the parent node and its joint action
     ]),
     "scores": _schema("scores", [
         ("step", _i64), ("item_id", _i64), ("turn", _i32), ("node_id", _i64), ("joint_idx", _i32),

@@ -4,7 +4,9 @@ Per node, agent i's return for its own completion k:
 - aligned / single agent: the joint return of joint action k (shared by all agents);
 - cross: the **sum** of the joint returns of all K^(N-1) joint actions containing completion k.
 
-(Single turn: return = reward. Multi-turn returns add the mean of the children's returns.)
+Joint returns over a multi-turn tree (post-order): a leaf joint action's return is its reward; an
+internal one's is r_j + discount · mean(returns of its child node's joint actions). Single turn:
+return = reward.
 
 Advantage over the K returns R of one group (node × agent):
 - mean:  A = R − mean(R)                         (MAGRPO)
@@ -42,37 +44,68 @@ def advantages(returns: torch.Tensor, mode: str, normalize: bool, eps: float = 1
     return A
 
 
-def per_agent_returns(scores: list[dict], num_agents: int, k: int, joint_mode: str) -> dict:
-    """{(step, turn, node_id): [agent][sample] -> return} from the node's joint rewards."""
+def tree_children(rollouts: list[dict]) -> dict[tuple, dict[int, tuple]]:
+    """{parent node key: {joint_idx: child node key}} from rollout rows' parent links (empty for one turn)."""
+    out: dict[tuple, dict[int, tuple]] = defaultdict(dict)
+    for r in rollouts:
+        if r.get("parent_node", -1) >= 0:
+            out[(r["step"], r["turn"] - 1, r["parent_node"])][r["parent_joint"]] = (r["step"], r["turn"], r["node_id"])
+    return dict(out)
+
+
+def joint_returns(scores: list[dict], children: dict[tuple, dict[int, tuple]] | None = None,
+                  discount: float = 1.0) -> dict[tuple, float]:
+    """{(step, turn, node_id, joint_idx): return}: reward plus discount × mean return of the child node."""
+    by_node: dict[tuple, list[dict]] = defaultdict(list)
+    for s in scores:
+        by_node[(s["step"], s["turn"], s["node_id"])].append(s)
+    children = children or {}
+    out: dict[tuple, float] = {}
+    for node in sorted(by_node, key=lambda k: -k[1]):  # deepest turn first: children are done before parents
+        kids = children.get(node, {})
+        for s in by_node[node]:
+            R = s["reward"]
+            child = kids.get(s["joint_idx"])
+            if child is not None:
+                cr = [out[child + (j["joint_idx"],)] for j in by_node[child]]
+                R += discount * sum(cr) / len(cr)
+            out[node + (s["joint_idx"],)] = R
+    return out
+
+
+def per_agent_returns(scores: list[dict], num_agents: int, k: int, joint_mode: str,
+                      returns: dict[tuple, float] | None = None) -> dict:
+    """{(step, turn, node_id): [agent][sample] -> return} from the node's joint returns (default: rewards)."""
     by_node: dict[tuple, list[dict]] = defaultdict(list)
     for s in scores:
         by_node[(s["step"], s["turn"], s["node_id"])].append(s)
     out = {}
     for node, rows in by_node.items():
         rets = [[0.0] * k for _ in range(num_agents)]
-        if joint_mode == "cross" and num_agents > 1:
-            for r in rows:
-                for a, sample in enumerate(r["combo"]):
-                    rets[a][sample] += r["reward"]
-        else:
-            for r in rows:
-                for a in range(num_agents):
-                    rets[a][r["combo"][a]] = r["reward"]
+        for r in rows:
+            R = returns[node + (r["joint_idx"],)] if returns is not None else r["reward"]
+            for a in range(num_agents):
+                if joint_mode == "cross" and num_agents > 1:
+                    rets[a][r["combo"][a]] += R
+                else:
+                    rets[a][r["combo"][a]] = R
         out[node] = rets
     return out
 
 
 def compute_advantages(scores: list[dict], item_of_node: dict[tuple, int], num_agents: int, k: int,
                        joint_mode: str, mode: str, normalize: bool, kls: dict[tuple, float] | None = None,
-                       kl_coef: float = 0.0) -> list[dict]:
+                       kl_coef: float = 0.0, children: dict[tuple, dict[int, tuple]] | None = None,
+                       discount: float = 1.0) -> list[dict]:
     """Advantage rows (schema `advantages`) for every node × agent × sample.
 
     With `kls` ({(step, turn, node_id, agent, sample): KL}), each return first becomes R − kl_coef·KL
     (the reference-KL adjustment, applied per agent to its own completions before the baseline); the
-    stored `return` is the adjusted one.
+    stored `return` is the adjusted one. `children` (from `tree_children`) links multi-turn nodes.
     """
     rows = []
-    for node, rets in sorted(per_agent_returns(scores, num_agents, k, joint_mode).items()):
+    jr = joint_returns(scores, children, discount)
+    for node, rets in sorted(per_agent_returns(scores, num_agents, k, joint_mode, jr).items()):
         step, turn, node_id = node
         for a in range(num_agents):
             own = rets[a]

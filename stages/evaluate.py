@@ -1,8 +1,11 @@
 """Stage: evaluate — a single sampled path per eval item (spec §2.1.8).
 
-Each agent generates **one** completion per eval item (one batched generate per agent), the joint
-action is scored with the task reward, and the metrics are `eval/turn_1/reward_mean` and
-`eval/turn_1/expected_return` (the undiscounted reward-to-go; equal to the reward for one turn).
+At every turn each agent generates **one** completion per eval item (one batched generate per
+agent per turn), the joint action is scored with the task reward, and — for multi-turn runs — the
+transition turns that joint action into the next turn's prompts (no branching and no early
+termination on the eval path). Metrics per turn t: `eval/turn_t/reward_mean` and
+`eval/turn_t/expected_return` (the reward-to-go r_t + discount · r_{t+1} + ...; with the default
+discount 1.0 the reference's undiscounted sum).
 """
 
 from collections.abc import Callable
@@ -10,23 +13,61 @@ from collections.abc import Callable
 from stages.generate_rollouts import SamplingConfig, generate_rollouts
 from stages.models import Policies
 from stages.rewards import RewardCaller
+from stages.rollout_tree import Episode
 from stages.score_rewards import score_rewards
 
 
 def evaluate(policies: Policies, items: list[dict], formatters: list[Callable[[dict], str]],
              sampling: SamplingConfig, caller: RewardCaller, processor: Callable[[float], float],
-             seed: int) -> tuple[list[dict], dict[str, float]]:
+             seed: int, episode: Episode | None = None) -> tuple[list[dict], dict[str, float]]:
     """Eval rows (schema `eval`) and metrics for the given items."""
     if not items:
         return [], {}
+    episode = episode or Episode()
+    n = policies.n
     one = SamplingConfig(1, sampling.max_new_tokens, sampling.temperature, sampling.top_p, sampling.top_k)
-    prompts = [[f(it) for it in items] for f in formatters]
+    by_id = {it["_item_id"]: it for it in items}
     ids = [it["_item_id"] for it in items]
-    rollouts = generate_rollouts(policies, prompts, ids, one, seed=seed, step=-1)
-    scores = score_rewards(rollouts, {it["_item_id"]: it for it in items}, caller, processor, "aligned", 0)
-    reward = {s["item_id"]: s["reward"] for s in scores}
-    rows = [{"item_id": r["item_id"], "turn": r["turn"], "agent": r["agent"], "prompt": r["prompt"],
-             "completion_text": r["completion_text"], "reward": reward[r["item_id"]],
-             "return": reward[r["item_id"]]} for r in rollouts]
-    mean = sum(reward.values()) / len(reward)
-    return rows, {"eval/turn_1/reward_mean": mean, "eval/turn_1/expected_return": mean}
+    prompts = [[f(it) for it in items] for f in formatters]
+    ph = [[[] for _ in range(n)] for _ in items]
+    rh = [[[] for _ in range(n)] for _ in items]
+    rows: list[dict] = []
+    for turn in range(episode.num_turns):
+        rollouts = generate_rollouts(policies, prompts, ids, one, seed=seed, step=-1, turn=turn)
+        scores = score_rewards(rollouts, by_id, caller, processor, "aligned", 0)
+        reward = {s["item_id"]: s["reward"] for s in scores}
+        rows += [{"item_id": r["item_id"], "turn": turn, "agent": r["agent"], "prompt": r["prompt"],
+                  "completion_text": r["completion_text"], "reward": reward[r["item_id"]], "return": 0.0}
+                 for r in rollouts]
+        if turn == episode.num_turns - 1:
+            break
+        text = {(r["item_id"], r["agent"]): r["completion_text"] for r in rollouts}
+        nxt: list[list[str]] = [[] for _ in range(n)]
+        for j, it in enumerate(items):
+            joint = [text[(it["_item_id"], a)] for a in range(n)]
+            for a in range(n):
+                ph[j][a].append(prompts[a][j])
+                rh[j][a].append(joint[a])
+            ext = episode.transition(it.get("prompt", ""), joint, ph[j], rh[j], reward=reward[it["_item_id"]])
+            for a in range(n):
+                nxt[a].append(episode.prompt_for(formatters[a], it, ext[a]))
+        prompts = nxt
+    # --- reward-to-go per (item, turn), written into the rows
+    per = {(r["item_id"], r["turn"]): r["reward"] for r in rows}
+    togo: dict[tuple, float] = {}
+    for (item_id, turn) in sorted(per, key=lambda k: -k[1]):
+        togo[(item_id, turn)] = per[(item_id, turn)] + episode.discount * togo.get((item_id, turn + 1), 0.0)
+    for r in rows:
+        r["return"] = togo[(r["item_id"], r["turn"])]
+    return rows, eval_metrics(rows)
+
+
+def eval_metrics(rows: list[dict]) -> dict[str, float]:
+    """eval/turn_t/reward_mean and eval/turn_t/expected_return from eval rows (means over items)."""
+    per = {(r["item_id"], r["turn"]): (r["reward"], r["return"]) for r in rows}
+    out: dict[str, float] = {}
+    for turn in sorted({t for _, t in per}):
+        vals = [v for (i, t), v in per.items() if t == turn]
+        out[f"eval/turn_{turn + 1}/reward_mean"] = sum(v[0] for v in vals) / len(vals)
+        out[f"eval/turn_{turn + 1}/expected_return"] = sum(v[1] for v in vals) / len(vals)
+    return out

@@ -10,7 +10,7 @@ resumption: the RNG is seeded per (run seed, update, agent).
 
 Output rows (schema `rollouts`): step, item_id, turn, node_id, agent, sample, prompt,
 prompt_ids, completion_ids, completion_text, length, finished, ref_kl (k3 KL to the frozen
-reference model when reference KL is on, else 0).
+reference model when reference KL is on, else 0), parent_node, parent_joint (tree links, -1 at roots).
 """
 
 import hashlib
@@ -102,9 +102,16 @@ def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: Samplin
 
 
 def generate_rollouts(policies: Policies, agent_prompts: list[list[str]], item_ids: list[int],
-                      sampling: SamplingConfig, seed: int, step: int, turn: int = 0) -> list[dict]:
-    """Rollout rows for every agent × item × sample; agent_prompts[i][j] is agent i's prompt for item j."""
+                      sampling: SamplingConfig, seed: int, step: int, turn: int = 0,
+                      node_ids: list[int] | None = None, parents: list[tuple[int, int]] | None = None) -> list[dict]:
+    """Rollout rows for every agent × node × sample; agent_prompts[i][j] is agent i's prompt at node j.
+
+    Node j belongs to item `item_ids[j]`, has id `node_ids[j]` (default j) and tree parent
+    `parents[j]` = (parent node id, parent joint action index), (-1, -1) at a root.
+    """
     k = sampling.num_generations
+    node_ids = node_ids if node_ids is not None else list(range(len(item_ids)))
+    parents = parents if parents is not None else [(-1, -1)] * len(item_ids)
     outs = policies.run("generate", [(agent_prompts[a], k, sampling, derive_seed(seed, step, turn, a))
                                      for a in range(policies.n)])
     rows: list[dict] = []
@@ -112,8 +119,9 @@ def generate_rollouts(policies: Policies, agent_prompts: list[list[str]], item_i
         for j, item_id in enumerate(item_ids):
             for s in range(k):
                 p_ids, c_ids, text, finished, kl = gen[j * k + s]
-                rows.append({"step": step, "item_id": item_id, "turn": turn, "node_id": j, "agent": agent,
+                rows.append({"step": step, "item_id": item_id, "turn": turn, "node_id": node_ids[j], "agent": agent,
                              "sample": s, "prompt": agent_prompts[agent][j], "prompt_ids": p_ids,
                              "completion_ids": c_ids, "completion_text": text, "length": len(c_ids),
-                             "finished": finished, "ref_kl": kl})
+                             "finished": finished, "ref_kl": kl, "parent_node": parents[j][0],
+                             "parent_joint": parents[j][1]})
     return rows

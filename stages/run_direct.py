@@ -34,7 +34,7 @@ def run_direct(cfg: RunConfig, store: ArtifactStore | None = None, show_progress
     train_s, load_s = train_seconds(store, metrics)
     _, ev = evaluate_checkpoint(ctx, ckpt)
     first, last = first_last_fifth(rewards)
-    env = ctx.updates[-1].env_step_base + len(ctx.updates[-1].item_ids) * ctx.joint_actions_per_item()
+    env = store.read_rows(res.steps)[-1]["env_step"]
     return {"env_steps": env, "reward_first": first, "reward_last": last, "train_seconds": train_s,
             "load_seconds": load_s, "wall_seconds": wall_s, "env_steps_per_s": env / train_s, "eval": ev,
             "checkpoint": str(store.open_dir(ckpt))}

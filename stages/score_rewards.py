@@ -6,7 +6,8 @@ Joint actions per node (one node = one item at one turn), K = samples per agent,
 - N = 1:   K single-agent actions (GRPO).
 
 Each joint action gets `reward_raw` from the reward function (called per joint action with
-one-element lists, through the reference's signature dispatch) and `reward` =
+one-element lists, through the reference's signature dispatch; `prompts` is agent 1's prompt at
+that node, as in the reference) and `reward` =
 processor(reward_raw). `env_step` counts scored joint actions across the run (the x-axis of every
 metric); `env_step_base` is the count before this call.
 """
@@ -32,25 +33,27 @@ def score_rewards(rollouts: list[dict], items: dict[int, dict], caller: RewardCa
                   processor: Callable[[float], float], joint_mode: str, env_step_base: int) -> list[dict]:
     """Score rows (schema `scores`) for all nodes in `rollouts`, in node order."""
     texts: dict[tuple, dict[tuple[int, int], str]] = defaultdict(dict)
-    meta: dict[tuple, tuple[int, int]] = {}
+    meta: dict[tuple, tuple[int, str | None]] = {}
     for r in rollouts:
         node = (r["step"], r["turn"], r["node_id"])
         texts[node][(r["agent"], r["sample"])] = r["completion_text"]
-        meta[node] = (r["item_id"], r["turn"])
+        if r["agent"] == 0 or node not in meta:
+            meta[node] = (r["item_id"], r.get("prompt"))
     n = caller.n
     out: list[dict] = []
     env_step = env_step_base
     for node in sorted(texts):
         step, turn, node_id = node
-        item_id, _ = meta[node]
+        item_id, prompt = meta[node]
         item = items[item_id]
+        prompt = item.get("prompt", "") if prompt is None else prompt
         k = 1 + max(s for (_, s) in texts[node])
         for j, combo in enumerate(joint_combos(k, n, joint_mode)):
             per_agent = [[texts[node][(a, combo[a])]] for a in range(n)]
             if joint_mode == "cross" and n > 1:
                 vals = caller.call_cross(per_agent, [item])
             else:
-                vals = caller(per_agent, [item.get("prompt", "")], [item])
+                vals = caller(per_agent, [prompt], [item])
             raw = vals[0]
             if not math.isfinite(raw):
                 raise FloatingPointError(f"reward function returned {raw} for item {item_id}, joint action {combo}")

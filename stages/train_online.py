@@ -5,19 +5,26 @@ scored with one shared reward; each agent's answer is reinforced by how much bet
 answer scored than the group's baseline (mean, none, max or leave-one-out), and every agent takes
 one policy-gradient step on its own answers. Repeat per `rollout_buffer_size` items.
 
-One **update** u processes the next `rollout_buffer_size` training items (items in file order,
-epoch after epoch, the last chunk of an epoch may be short):
+One **update** u processes the next few training items (items in file order, epoch after epoch,
+the last chunk of an epoch may be short): as many whole episode trees as it takes to hold
+`rollout_buffer_size` node samples per agent (single turn: `rollout_buffer_size` items; a 2-turn
+aligned tree of K=4 holds 5 nodes, so one item). Trees are never split across updates (the
+reference splits them and carries the rest into the next item's buffer).
 
-    generate_rollouts → score_rewards → compute_advantages → update_policies
+    generate (tree, depth by depth) + score_rewards → compute_advantages → update_policies
 
-and each of the first three writes a Parquet artifact. Keys are input-addressed and chained, so
-every key of a run is known before anything runs:
+and each writes a Parquet artifact. Keys are input-addressed and chained, so every policy and
+checkpoint key of a run is known before anything runs:
 
     policy_0       = key of the start (initial sources or a checkpoint)
-    rollouts_u     = H(policy_u, items of u, sampling, formatters, seed, u)
-    scores_u       = H(rollouts_u, reward identity, joint mode, env_step base)
-    advantages_u   = H(scores_u, advantage mode, normalization)
+    rollouts_u     = H(policy_u, items of u, sampling, formatters, seed, u [, episode settings])
+    advantages_u   = H(rollouts_u, reward identity, joint mode, advantage mode, normalization)
     policy_{u+1}   = H(policy_u, advantages_u, learning rate, batch size)
+    scores_u       = H(rollouts_u, reward identity, joint mode, env_step before u)
+
+Multi-turn rollouts depend on the reward (early termination, feedback transitions), so their key
+then also holds the reward, transition, threshold and turn count. env_step is counted at run time
+(early termination makes it data-dependent), which is why only the scores key holds it.
 
 A **segment** is a run of updates ending in a checkpoint (`checkpoint_every` updates, default one
 epoch). Resuming a killed run reloads the segment's start checkpoint and *replays* the updates
@@ -36,15 +43,18 @@ from schemas.config import RunConfig
 from stages import budget
 from stages.build_taskset import items_digest, load_items
 from stages.compute_advantages import compute_advantages
-from stages.evaluate import evaluate
+from stages.compute_advantages import joint_returns, tree_children
+from stages.evaluate import eval_metrics, evaluate
 from stages.formatters import build_formatter
-from stages.generate_rollouts import SamplingConfig, derive_seed, generate_rollouts
+from stages.generate_rollouts import SamplingConfig, derive_seed
 from stages.models import LIVE, Policies, build_tiny_model, checkpoint_sources, load_policies, save_checkpoint
 from stages.rewards import RewardCaller, resolve_processor, resolve_reward, reward_identity
+from stages.rollout_tree import Episode, generate_tree
 from stages.score_rewards import joint_combos, score_rewards
+from stages.transitions import Transition, transition_identity
 from stages.update_policies import update_policies
 
-STAGE_VERSION = "1"
+STAGE_VERSION = "2"  # 2: rollouts carry tree links
 
 CALLS: Counter = Counter()
 """How many times each stage body actually ran in this process (generate, score, advantages, update,
@@ -56,7 +66,10 @@ evaluate, checkpoint); cached stages do not count. Used by tests and the run sum
 
 @dataclass(frozen=True)
 class Update:
-    """One policy update: its global index, epoch, training item ids and env_step before it."""
+    """One policy update: its global index, epoch, training item ids and planned env_step before it.
+
+    The planned env_step assumes full trees; with early termination the run-time count is lower.
+    """
 
     index: int
     epoch: int
@@ -64,12 +77,14 @@ class Update:
     env_step_base: int
 
 
-def plan_updates(n_items: int, epochs: int, buffer: int, joint_actions_per_item: int) -> list[Update]:
-    """Every update of the run, in order."""
+def plan_updates(n_items: int, epochs: int, buffer: int, joint_actions_per_item: int,
+                 nodes_per_item: int = 1) -> list[Update]:
+    """Every update of the run, in order: the fewest whole trees holding >= `buffer` node samples each."""
     out, env = [], 0
+    per = max(1, -(-buffer // nodes_per_item))
     for e in range(epochs):
-        for start in range(0, n_items, buffer):
-            ids = tuple(range(start, min(n_items, start + buffer)))
+        for start in range(0, n_items, per):
+            ids = tuple(range(start, min(n_items, start + per)))
             out.append(Update(len(out), e, ids, env))
             env += len(ids) * joint_actions_per_item
     return out
@@ -109,13 +124,23 @@ class RunContext:
     segments: list[list[Update]]
     formatters: list = field(default_factory=list)
     budget: "budget.Budget | None" = None
+    episode: Episode = field(default_factory=Episode)
+    transition_id: dict | None = None
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def n(self) -> int:
         return self.cfg.agents.n
 
-    def joint_actions_per_item(self) -> int:
+    def joint_actions_per_node(self) -> int:
         return len(joint_combos(self.cfg.trainer.num_generations, self.n, self.cfg.trainer.joint_mode))
+
+    def nodes_per_item(self) -> int:
+        """Nodes of a full episode tree (no early termination): sum over depths of branch^t."""
+        return sum(self.joint_actions_per_node() ** t for t in range(self.cfg.trainer.num_turns))
+
+    def joint_actions_per_item(self) -> int:
+        return self.nodes_per_item() * self.joint_actions_per_node()
 
 
 def resolve_sources(cfg: RunConfig, store: ArtifactStore) -> tuple[list[str], dict]:
@@ -157,13 +182,33 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
                      processor=resolve_processor(cfg.reward.processor),
                      reward_id=reward_identity(cfg.reward.name, cfg.reward.kwargs, cfg.reward.processor),
                      sampling=sampling, updates=[], segments=[])
-    ctx.updates = plan_updates(len(train), t.num_train_epochs, t.rollout_buffer_size, ctx.joint_actions_per_item())
+    multi = t.num_turns > 1 and cfg.transition is not None
+    ctx.episode = Episode(t.num_turns if multi else 1, t.joint_mode,
+                          Transition(cfg.transition.name, cfg.transition.kwargs) if multi else None,
+                          t.early_termination_threshold, t.external_prompt_passthrough, t.discount)
+    if multi:
+        ctx.transition_id = transition_identity(cfg.transition.name, cfg.transition.kwargs)
+    ctx.updates = plan_updates(len(train), t.num_train_epochs, t.rollout_buffer_size, ctx.joint_actions_per_item(),
+                               ctx.nodes_per_item())
     ctx.segments = plan_segments(ctx.updates, cfg.checkpoint_every)
     n_eval = len(evals[:t.eval_num_samples] if t.eval_num_samples else evals)
     ctx.budget = budget.estimate(len(train), n_eval, cfg.agents.n, t.num_generations, t.num_turns, t.joint_mode,
-                                 t.num_train_epochs, t.rollout_buffer_size)
+                                 t.num_train_epochs, len(ctx.updates[0].item_ids) if ctx.updates else 1)
     budget.check(ctx.budget, cfg.max_sequences)
+    warn = budget.unreachable_turns_warning(t.num_turns, t.early_termination_threshold,
+                                            processed_range(caller.fn, cfg.reward.reward_range, ctx.processor))
+    if warn:
+        ctx.warnings.append(warn)
     return ctx
+
+
+def processed_range(fn, declared: tuple | None, processor) -> tuple[float, float] | None:
+    """The reward's declared (config, else `fn.reward_range`) range mapped through the processor."""
+    rng = declared or getattr(fn, "reward_range", None) or getattr(getattr(fn, "func", None), "reward_range", None)
+    if rng is None:
+        return None
+    ends = [float(processor(float(rng[0]))), float(processor(float(rng[1])))]
+    return min(ends), max(ends)
 
 
 def formatters_for(ctx: RunContext, policies: Policies | None) -> list:
@@ -178,7 +223,6 @@ def formatters_for(ctx: RunContext, policies: Policies | None) -> list:
 @dataclass(frozen=True)
 class UpdateKeys:
     rollouts: str
-    scores: str
     advantages: str
     policy_after: str
 
@@ -205,15 +249,22 @@ def update_keys(ctx: RunContext, policy_key: str, u: Update) -> UpdateKeys:
     cfg, t = ctx.cfg, ctx.cfg.trainer
     items = [ctx.train_items[i] for i in u.item_ids]
     fmt = [cfg.formatter_for(i).model_dump() for i in range(ctx.n)]
-    rk = key_for("rollouts", {"policy": policy_key, "items": items_digest(items), "sampling": ctx.sampling.__dict__,
-                              "formatters": fmt, "seed": cfg.seed, "update": u.index, "v": STAGE_VERSION,
-                              "reference_kl": t.reference_kl_enabled})
-    sk = scores_key(ctx, rk, u.env_step_base)
-    ak = key_for("advantages", {"scores": sk, "mode": cfg.advantage_mode, "norm": t.advantage_normalization,
-                                "kl_coef": t.reference_kl_coef if t.reference_kl_enabled else None})
+    spec = {"policy": policy_key, "items": items_digest(items), "sampling": ctx.sampling.__dict__,
+            "formatters": fmt, "seed": cfg.seed, "update": u.index, "v": STAGE_VERSION,
+            "reference_kl": t.reference_kl_enabled}
+    if t.num_turns > 1:  # the tree's shape and later prompts depend on these
+        spec["episode"] = {"turns": t.num_turns, "transition": ctx.transition_id, "reward": ctx.reward_id,
+                           "joint_mode": t.joint_mode, "threshold": t.early_termination_threshold,
+                           "passthrough": t.external_prompt_passthrough}
+    rk = key_for("rollouts", spec)
+    adv = {"rollouts": rk, "reward": ctx.reward_id, "joint_mode": t.joint_mode, "mode": cfg.advantage_mode,
+           "norm": t.advantage_normalization, "kl_coef": t.reference_kl_coef if t.reference_kl_enabled else None}
+    if t.num_turns > 1:
+        adv["discount"] = t.discount
+    ak = key_for("advantages", adv)
     pk = key_for("policy", {"prev": policy_key, "advantages": ak, "lr": t.agent_learning_rate,
                             "batch": t.batch_size, "seed": cfg.seed})
-    return UpdateKeys(rk, sk, ak, pk)
+    return UpdateKeys(rk, ak, pk)
 
 
 def segment_end_keys(ctx: RunContext) -> list[str]:
@@ -284,6 +335,29 @@ class SegmentResult:
     cached: bool = False
 
 
+def turn_metrics(scores: list[dict], rollouts: list[dict], returns: dict[tuple, float],
+                 kl_coef: float | None = None) -> dict[str, float]:
+    """Per turn t: turn_t/reward_mean (mean of node mean rewards), turn_t/expected_return (mean of node
+    mean returns), node counts, and turn_t/reference_kl_mean / _penalty_mean when reference KL is on."""
+    nodes: dict[tuple, list[tuple[float, float]]] = {}
+    for s in scores:
+        node = (s["step"], s["turn"], s["node_id"])
+        nodes.setdefault(node, []).append((s["reward"], returns[node + (s["joint_idx"],)]))
+    out: dict[str, float] = {}
+    for turn in sorted({n[1] for n in nodes}):
+        mine = [v for n, v in nodes.items() if n[1] == turn]
+        p = f"turn_{turn + 1}/"
+        out[p + "reward_mean"] = sum(sum(r for r, _ in v) / len(v) for v in mine) / len(mine)
+        out[p + "expected_return"] = sum(sum(R for _, R in v) / len(v) for v in mine) / len(mine)
+        if len(nodes) > len(mine) or turn > 0:
+            out[p + "nodes"] = float(len(mine))
+        if kl_coef is not None:
+            kls = [r["ref_kl"] for r in rollouts if r["turn"] == turn]
+            out[p + "reference_kl_mean"] = sum(kls) / len(kls)
+            out[p + "reference_kl_penalty_mean"] = kl_coef * sum(kls) / len(kls)
+    return out
+
+
 def node_means(scores: list[dict]) -> list[float]:
     """Mean reward of each node (item × turn) of a scores table."""
     nodes: dict[tuple, list[float]] = {}
@@ -324,39 +398,45 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
             keys = update_keys(ctx, policy_key, u)
             items = [ctx.train_items[i] for i in u.item_ids]
             by_id = {it["_item_id"]: it for it in items}
+            base = state.get("env_step", 0)  # env_step before this update (run-time count)
             # --- periodic evaluation (before the update whose items cross an eval_interval boundary)
             if t.eval_interval and t.eval_num_samples and any(i % t.eval_interval == 0 for i in u.item_ids):
                 t0 = time.perf_counter()
                 _, em = evaluate(pol, ctx.eval_items[:t.eval_num_samples], fmts, ctx.sampling, ctx.caller,
-                                 ctx.processor, derive_seed(cfg.seed, "eval", u.index))
+                                 ctx.processor, derive_seed(cfg.seed, "eval", u.index), ctx.episode)
                 CALLS["evaluate"] += 1
                 timing["eval_s"] += time.perf_counter() - t0
-                metric_rows += [{"key": k, "value": v, "env_step": u.env_step_base} for k, v in em.items()]
-            # --- generate (or replay stored rollouts)
+                metric_rows += [{"key": k, "value": v, "env_step": base} for k, v in em.items()]
+            # --- generate the trees, scoring each depth (or replay stored rollouts, no generation)
             t0 = time.perf_counter()
+            sk = scores_key(ctx, keys.rollouts, base)
             ref = store.find("rollouts", keys.rollouts)
             if ref is None:
-                prompts = [[f(it) for it in items] for f in fmts]
-                rows = generate_rollouts(pol, prompts, list(u.item_ids), ctx.sampling, cfg.seed, u.index)
+                rows, scores = generate_tree(pol, items, fmts, ctx.sampling, ctx.episode, ctx.caller, ctx.processor,
+                                             cfg.seed, u.index, base)
                 ref = store.put_table("rollouts", keys.rollouts, rows)
+                sref = store.find("scores", sk) or store.put_table("scores", sk, scores)
                 CALLS["generate"] += 1
+                CALLS["score"] += 1
                 executed["generate"] += 1
                 gen_tokens += sum(r["length"] for r in rows)
                 timing["generate_s"] += time.perf_counter() - t0
+                t0 = time.perf_counter()
             else:
                 rows = store.read_rows(ref)
                 executed["replayed"] += 1
-            # --- score
-            t0 = time.perf_counter()
-            sref, scores = score_or_load(ctx, rows, by_id, keys.scores, u.env_step_base)
-            # --- advantages
+                t0 = time.perf_counter()
+                sref, scores = score_or_load(ctx, rows, by_id, sk, base)
+            # --- advantages (returns over the tree, baseline per node and agent)
+            children = tree_children(rows)
             aref = store.find("advantages", keys.advantages)
             if aref is None:
                 node_item = {(r["step"], r["turn"], r["node_id"]): r["item_id"] for r in rows}
                 kls = ({(r["step"], r["turn"], r["node_id"], r["agent"], r["sample"]): r["ref_kl"] for r in rows}
                        if t.reference_kl_enabled else None)
                 adv = compute_advantages(scores, node_item, ctx.n, t.num_generations, t.joint_mode,
-                                         cfg.advantage_mode, t.advantage_normalization, kls, t.reference_kl_coef)
+                                         cfg.advantage_mode, t.advantage_normalization, kls, t.reference_kl_coef,
+                                         children, t.discount)
                 aref = store.put_table("advantages", keys.advantages, adv)
                 CALLS["advantages"] += 1
             else:
@@ -369,23 +449,17 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
             executed["update"] += 1
             timing["update_s"] += time.perf_counter() - t0
             policy_key = keys.policy_after
-            # --- metrics (the reference's names, gated by logging_steps)
+            # --- metrics (the reference's names, per turn, gated by logging_steps)
+            per_turn = turn_metrics(scores, rows, joint_returns(scores, children, t.discount),
+                                    t.reference_kl_coef if t.reference_kl_enabled else None)
             means = node_means(scores)
             reward_mean = sum(means) / len(means)
             env_step = scores[-1]["env_step"]
-            returns = [a["return"] for a in adv]
             last = state.get("last_logged")
             if last is None or env_step - last >= t.logging_steps:
                 state["last_logged"] = env_step
-                metric_rows += [{"key": "turn_1/reward_mean", "value": reward_mean, "env_step": env_step},
-                                {"key": "turn_1/expected_return", "value": sum(returns) / len(returns),
-                                 "env_step": env_step}]
+                metric_rows += [{"key": k, "value": v, "env_step": env_step} for k, v in per_turn.items()]
                 metric_rows += [{"key": k, "value": v, "env_step": env_step} for k, v in um.items()]
-                if t.reference_kl_enabled:
-                    kl_mean = sum(r["ref_kl"] for r in rows) / len(rows)
-                    metric_rows += [{"key": "turn_1/reference_kl_mean", "value": kl_mean, "env_step": env_step},
-                                    {"key": "turn_1/reference_kl_penalty_mean", "value": t.reference_kl_coef * kl_mean,
-                                     "env_step": env_step}]
             steps_rows.append({"update": u.index, "epoch": u.epoch, "env_step": env_step, "rollouts": ref.key,
                                "scores": sref.key, "advantages": aref.key, "reward_mean": reward_mean})
             state.update(update=u.index + 1, env_step=env_step, epoch=u.epoch)
@@ -437,7 +511,7 @@ def rescore(ctx: RunContext, steps_refs: list[ArtifactRef]) -> list[dict]:
                 raise ArtifactError(f"stored rollouts of update {step['update']} ({step['rollouts']}) not found; "
                                     "cannot re-score")
             rows = store.read_rows(found)
-            base = step["env_step"] - len({r["node_id"] for r in rows}) * ctx.joint_actions_per_item()
+            base = step["env_step"] - len({(r["turn"], r["node_id"]) for r in rows}) * ctx.joint_actions_per_node()
             _, scores = score_or_load(ctx, rows, by_id, scores_key(ctx, step["rollouts"], base), base)
             means = node_means(scores)
             out.append({"key": "rescore/turn_1/reward_mean", "value": sum(means) / len(means),
@@ -473,8 +547,12 @@ def eval_key(ctx: RunContext, ckpt_key: str) -> str:
     t = ctx.cfg.trainer
     items = ctx.eval_items[:t.eval_num_samples] if t.eval_num_samples else ctx.eval_items
     fmt = [ctx.cfg.formatter_for(i).model_dump() for i in range(ctx.n)]
-    return key_for("eval", {"checkpoint": ckpt_key, "items": items_digest(items), "sampling": ctx.sampling.__dict__,
-                            "reward": ctx.reward_id, "formatters": fmt, "seed": ctx.cfg.seed})
+    spec = {"checkpoint": ckpt_key, "items": items_digest(items), "sampling": ctx.sampling.__dict__,
+            "reward": ctx.reward_id, "formatters": fmt, "seed": ctx.cfg.seed}
+    if t.num_turns > 1:
+        spec["episode"] = {"turns": t.num_turns, "transition": ctx.transition_id, "discount": t.discount,
+                           "passthrough": t.external_prompt_passthrough}
+    return key_for("eval", spec)
 
 
 def evaluate_checkpoint(ctx: RunContext, ckpt: ArtifactRef) -> tuple[ArtifactRef, dict[str, float]]:
@@ -487,16 +565,6 @@ def evaluate_checkpoint(ctx: RunContext, ckpt: ArtifactRef) -> tuple[ArtifactRef
         return found, eval_metrics(ctx.store.read_rows(found))
     pol = peek_policies(ctx, ckpt)
     rows, metrics = evaluate(pol, items, formatters_for(ctx, pol), ctx.sampling, ctx.caller, ctx.processor,
-                             derive_seed(ctx.cfg.seed, "final-eval"))
+                             derive_seed(ctx.cfg.seed, "final-eval"), ctx.episode)
     CALLS["evaluate"] += 1
     return ctx.store.put_table("eval", key, rows), metrics
-
-
-def eval_metrics(rows: list[dict]) -> dict[str, float]:
-    """Recompute eval metrics from stored eval rows."""
-    per_item = {r["item_id"]: (r["reward"], r["return"]) for r in rows}
-    if not per_item:
-        return {}
-    n = len(per_item)
-    return {"eval/turn_1/reward_mean": sum(v[0] for v in per_item.values()) / n,
-            "eval/turn_1/expected_return": sum(v[1] for v in per_item.values()) / n}

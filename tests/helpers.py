@@ -19,3 +19,25 @@ def loose_length_ratio(c1, c2):
 def near_forty_chars(completions):
     """Single-agent reward (GRPO): 1 at 40 characters, falling off linearly."""
     return [max(0.0, 1.0 - abs(len(c) - 40) / 40) for c in completions]
+
+
+TRANSITION_CALLS: list[dict] = []
+
+
+def recording_transition(*, prompt, agent_completions, num_agents, prompt_history_per_agent,
+                         response_history_per_agent):
+    """A transition that records every call (keywords exactly as the reference passes them)."""
+    TRANSITION_CALLS.append({"prompt": prompt, "agent_completions": list(agent_completions), "num_agents": num_agents,
+                             "prompt_history_per_agent": prompt_history_per_agent,
+                             "response_history_per_agent": response_history_per_agent})
+    return [f"turn {len(prompt_history_per_agent[a]) + 1} for agent {a + 1}: {prompt}" for a in range(num_agents)]
+
+
+def one_prompt_transition(*, prompt, agent_completions, num_agents, **_):
+    """A broken transition: one prompt instead of one per agent."""
+    return [prompt]
+
+
+def turn_tagged_reward(prompts, c1, c2):
+    """1.0 on turn-2 prompts (they contain 'Previous answers'), 0.25 on turn 1: makes turns tell apart."""
+    return [1.0 if "Previous answers" in prompts[0] else 0.25]

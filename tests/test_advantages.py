@@ -1,5 +1,7 @@
 """Advantages and per-agent returns against hand-computed numbers (spec §2.1.4–2.1.5)."""
 
+import itertools
+
 import math
 
 import pytest
@@ -88,8 +90,12 @@ def test_rloo_single_sample_falls_back_to_mean():
 # --- per-agent returns -----------------------------------------------------------------------------
 
 
+_JOINT = itertools.count()
+
+
 def _score(combo, reward, step=0, turn=0, node_id=0):
-    return {"step": step, "turn": turn, "node_id": node_id, "combo": list(combo), "reward": reward}
+    return {"step": step, "turn": turn, "node_id": node_id, "combo": list(combo), "reward": reward,
+            "joint_idx": next(_JOINT)}
 
 
 def test_cross_returns_are_sums_over_combos_containing_completion():

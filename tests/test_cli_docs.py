@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from schemas.config import (AgentsConfig, FormatterConfig, MAGRPOConfig, RewardConfig, RunConfig, TasksetConfig,
-                            TrackingConfig)
+                            TrackingConfig, TransitionConfig)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,8 @@ def test_shipped_config_validates():
 def test_readme_documents_every_config_field():
     readme = (REPO / "README.md").read_text()
     sections = {"": RunConfig, "agents.": AgentsConfig, "taskset.": TasksetConfig, "reward.": RewardConfig,
-                "formatters[i].": FormatterConfig, "trainer.": MAGRPOConfig, "tracking.": TrackingConfig}
+                "formatters[i].": FormatterConfig, "trainer.": MAGRPOConfig, "transition.": TransitionConfig,
+                "tracking.": TrackingConfig}
     missing = [p + f for p, m in sections.items() for f in m.model_fields if f"`{p}{f}`" not in readme]
     assert not missing, f"README config reference lacks {missing}"
 

@@ -21,7 +21,7 @@ def test_return_adjustment_matches_reference_example():
 
 
 def test_kl_applied_per_agent_before_the_baseline():
-    scores = [{"step": 0, "turn": 0, "node_id": 0, "combo": [j, j], "reward": float(j + 1)} for j in range(2)]
+    scores = [{"step": 0, "turn": 0, "node_id": 0, "joint_idx": j, "combo": [j, j], "reward": float(j + 1)} for j in range(2)]
     kls = {(0, 0, 0, 0, 0): 0.2, (0, 0, 0, 0, 1): 0.4, (0, 0, 0, 1, 0): 0.0, (0, 0, 0, 1, 1): 0.0}
     rows = compute_advantages(scores, {(0, 0, 0): 7}, 2, 2, "aligned", "raw", False, kls, 0.5)
     by = {(r["agent"], r["sample"]): r for r in rows}

@@ -50,7 +50,7 @@ def _rollouts(k: int, n: int, nodes=((0, 0, 7), (0, 1, 8)), text=lambda node_id,
                 rows.append({"step": step, "item_id": item_id, "turn": 0, "node_id": node_id, "agent": a,
                              "sample": s, "prompt": ITEMS[item_id]["prompt"], "prompt_ids": [1, 2],
                              "completion_ids": [3] * len(t), "completion_text": t, "length": len(t),
-                             "finished": True, "ref_kl": 0.0})
+                             "finished": True, "ref_kl": 0.0, "parent_node": -1, "parent_joint": -1})
     assert all(set(r) == set(TABLES["rollouts"].names) for r in rows)
     random.Random(0).shuffle(rows)
     return rows
