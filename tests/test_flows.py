@@ -130,3 +130,22 @@ def test_continue_training_into_the_same_mlflow_run(prefect_harness, tmp_path):
         assert __import__("torch").allclose(wa[k], wb[k], atol=1e-6), k
     with pytest.raises(ConfigError, match="not a segment of this config"):
         train_magrpo(config={**three, "seed": 5}, continue_run=first["mlflow_run_id"])
+
+
+def test_multi_turn_flow_logs_per_turn_metrics_and_the_early_termination_warning(prefect_harness, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from flows.train import train_magrpo
+
+    cfg = small_config(tmp_path, transition={"name": "feedback"})
+    cfg["trainer"] = {**cfg["trainer"], "num_turns": 2, "early_termination_threshold": -0.2}
+    LIVE.clear()
+    s = train_magrpo(config=cfg)  # the reference default: every branch stops after turn 1, with a warning
+    assert s["env_steps"] == 4 * 2 and "no branch ever reaches turn 2" in s["warnings"][0]
+    assert set(s["eval"]) >= {"eval/turn_2/reward_mean", "eval/turn_1/expected_return"}
+    LIVE.clear()
+    s = train_magrpo(config=cfg, overrides={"trainer.early_termination_threshold": None})
+    assert s["env_steps"] == 4 * (2 + 2 * 2) and s["warnings"] == []
+    client = MlflowClient(tracking_uri=f"sqlite:///{cfg['data_dir']}/mlflow.db")
+    hist = client.get_metric_history(s["mlflow_run_id"], "turn_2/expected_return")
+    assert [m.step for m in hist] == [6, 12, 18, 24]  # one 3-node tree fills a buffer of 2: one item per update

@@ -209,3 +209,16 @@ def test_a_broken_transition_fails_the_run_with_its_name(tmp_path):
     LIVE.clear()
     with pytest.raises(ValueError, match="one_prompt_transition.*must return a list of 2 prompts"):
         run_direct(validate_config(cfg))
+
+
+@pytest.mark.slow
+def test_multi_turn_magrpo_learns_the_length_ratio_task(tmp_path):
+    """The shipped multi-turn example: the joint reward (both turns) rises over 2 epochs of 8 items."""
+    from schemas.config import load_config
+    from stages.run_direct import run_direct
+
+    cfg = load_config("configs/magrpo-multiturn.yaml", [f"data_dir={tmp_path}"], algorithm="magrpo")
+    LIVE.clear()
+    s = run_direct(cfg)
+    assert s["reward_last"] > s["reward_first"] + 0.2, s
+    assert s["eval"]["eval/turn_2/reward_mean"] > 0.6, s["eval"]
