@@ -3,7 +3,7 @@
     coopflow run train-magrpo --config configs/magrpo-story.yaml [--set trainer.num_train_epochs=1 ...]
                  [--summary-json out.json] [--stages train evaluate] [--refresh evaluate] [--rescore-from KEY]
     coopflow validate --config FILE [--set ...]      # check a config without loading anything
-    coopflow tiny-model DIR [--hidden 64 --layers 2]  # build the tiny local model
+    coopflow tiny-model DIR [--hidden 64 --layers 2 --vocab 384]  # build the tiny local model
     coopflow serve [--name local] [--cron '0 */6 * * *']   # local Prefect server (if needed) + deployments
     coopflow flows                                    # list the flows
 
@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--hidden", type=int, default=64)
     t.add_argument("--layers", type=int, default=2)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--vocab", type=int, default=384, help="tokenizer vocabulary size (heterogeneous-agent demos)")
     s = sub.add_parser("serve", help="serve the flows as deployments '<flow>/<name>' on a local Prefect server")
     s.add_argument("--name", default="local", help="deployment name (default: local)")
     s.add_argument("--cron", help="schedule every deployment with this cron string")
@@ -125,7 +126,7 @@ def _config_reference(args) -> int:
 def _tiny(args) -> int:
     from stages.models import build_tiny_model
 
-    out = build_tiny_model(args.dir, args.hidden, args.layers, args.seed)
+    out = build_tiny_model(args.dir, args.hidden, args.layers, args.seed, args.vocab)
     print(out)
     return 0
 
