@@ -157,6 +157,14 @@ class FormatterConfig(_Strict):
 # --- trainer (the reference's MAGRPOConfig) -------------------------------------------------------
 
 
+def _parallel_mode(v: str | None) -> str:
+    """none | mp (None/'null' mean none; 'auto' and anything else are refused, as in the reference)."""
+    v = "none" if v is None or str(v).lower() in ("none", "null") else str(v).lower()
+    if v not in ("none", "mp"):
+        raise ValueError(f"parallel_training must be 'none' or 'mp', got {v!r}")
+    return v
+
+
 class MAGRPOConfig(_Strict):
     """CoMLRL 1.4.3 `MAGRPOConfig` fields with the reference's defaults and checks (spec §6.1)."""
 
@@ -198,10 +206,7 @@ class MAGRPOConfig(_Strict):
     @field_validator("parallel_training")
     @classmethod
     def _parallel(cls, v: str | None) -> str:
-        v = "none" if v is None or str(v).lower() in ("none", "null") else str(v).lower()
-        if v not in ("none", "mp"):
-            raise ValueError(f"parallel_training must be 'none' or 'mp', got {v!r}")
-        return v
+        return _parallel_mode(v)
 
     @field_validator("joint_mode")
     @classmethod
@@ -228,6 +233,108 @@ class MAGRPOConfig(_Strict):
     def batch_size(self) -> int:
         """Resolved train_batch_size (defaults to rollout_buffer_size: full-batch GD)."""
         return self.train_batch_size or self.rollout_buffer_size
+
+
+# --- trainer (the reference's IACConfig / MAACConfig) --------------------------------------------
+
+
+class ActorCriticConfig(_Strict):
+    """Fields shared by CoMLRL 1.4.3's `IACConfig` and `MAACConfig` (spec §6.2–6.3), same defaults."""
+
+    num_train_epochs: int = Field(40, ge=1, description="Passes over the training items.")
+    agent_learning_rate: float = Field(5e-6, gt=0, description="AdamW learning rate of every actor.")
+    critic_learning_rate: float | None = Field(5e-6, gt=0, description="AdamW learning rate of the critic(s); "
+                                                                         "null = agent_learning_rate.")
+    logging_steps: int = Field(1, ge=1, description="Minimum env_step gap between two training metric logs.")
+    num_agents: int | None = Field(None, ge=1, description="Alias of agents.num_agents (must agree when both set).")
+    parallel_training: str | None = Field("none", description="none | mp (needs agent_devices and critic devices).")
+    agent_devices: str | list[str] | None = Field(None, description="Device per agent for mp; one value is broadcast.")
+    critic_devices: str | list[str] | None = Field(None, description="Device(s) of the critic(s) for mp.")
+    num_generations: int = Field(1, ge=1, description="Samples per agent per prompt (multi-turn needs 1).")
+    max_new_tokens: int = Field(256, ge=1, description="Maximum generated tokens per completion.")
+    temperature: float = Field(0.6, gt=0, description="Sampling temperature.")
+    top_p: float = Field(0.6, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int | None = Field(None, ge=0, description="Top-k sampling; null (or 0) disables top-k.")
+    num_turns: int = Field(2, ge=1, description="Turns per episode; > 1 needs a transition and num_generations 1.")
+    discount: float = Field(0.9, ge=0, le=1, description="gamma of the TD(0) targets and the logged MC returns.")
+    critic_type: Literal["v", "q"] = Field("v", description="v: V(h) at the last prompt token; q: Q(h,a) at the "
+                                                            "last response token.")
+    early_termination_threshold: float | None = Field(
+        -0.2, description="Stop an episode when its turn's mean reward exceeds this (multi-turn); null disables.")
+    external_prompt_passthrough: bool = Field(False, description="Pass transition prompts to formatters unchanged.")
+    eval_interval: int = Field(16, ge=0, description="Evaluate every this many training items (0 = off).")
+    eval_num_samples: int = Field(4, ge=0, description="Eval items per evaluation.")
+    eval_batch_size: int = Field(1, ge=1, description="Eval batch size (kept for compatibility; eval is batched).")
+    rollout_buffer_size: int = Field(8, ge=1, description="Samples per agent collected before one update.")
+    train_batch_size: int | None = Field(None, ge=1, description="Minibatch size in samples; null = rollout_buffer_size.")
+    value_loss_coef: float = Field(0.6, ge=0, description="Weight of the value loss.")
+    advantage_normalization: bool = Field(True, description="z-normalize advantages over each update group.")
+    reference_kl_enabled: bool = Field(False, description="Shape rewards r - coef x k3-KL to a frozen initial copy.")
+    reference_kl_coef: float = Field(0.1, ge=0, description="KL penalty coefficient.")
+    reference_devices: str | list[str] | None = Field(None, description="Devices of the reference models.")
+
+    @field_validator("parallel_training")
+    @classmethod
+    def _parallel(cls, v: str | None) -> str:
+        return _parallel_mode(v)
+
+    @model_validator(mode="after")
+    def _post_ac(self) -> "ActorCriticConfig":
+        if self.num_turns > 1 and self.num_generations != 1:
+            raise ValueError(f"multi-turn actor-critic (num_turns={self.num_turns}) requires num_generations == 1, "
+                             f"got {self.num_generations}")
+        if self.parallel_training == "mp" and not self.agent_devices:
+            raise ValueError("parallel_training='mp' requires agent_devices")
+        return self
+
+    @property
+    def batch_size(self) -> int:
+        """Resolved train_batch_size (defaults to rollout_buffer_size)."""
+        return self.train_batch_size or self.rollout_buffer_size
+
+    @property
+    def critic_lr(self) -> float:
+        """Resolved critic learning rate."""
+        return self.critic_learning_rate or self.agent_learning_rate
+
+
+class IACConfig(ActorCriticConfig):
+    """CoMLRL 1.4.3 `IACConfig`: independent actor-critic, one critic per agent (spec §3.3, §6.2)."""
+
+    use_separate_critic: bool = Field(True, description="A separate critic LM + head per agent (else a value head "
+                                                        "on each actor, one optimizer, one joint loss).")
+    value_clip_range: float | None = Field(0.2, ge=0, description="PPO-style value clipping (shared-head mode only).")
+    value_head_hidden_dim: int | None = Field(None, ge=1, description="Hidden dim of the actor's value head "
+                                                                      "(shared mode); null = the LM hidden size.")
+    critic_value_head_hidden_dim: int | None = Field(None, ge=1, description="Hidden dim of each separate critic's "
+                                                                             "head; null = the critic's hidden size.")
+
+    @model_validator(mode="after")
+    def _post_iac(self) -> "IACConfig":
+        if self.parallel_training == "mp" and self.use_separate_critic and not self.critic_devices:
+            raise ValueError("parallel_training='mp' with use_separate_critic requires critic_devices")
+        return self
+
+
+class MAACConfig(ActorCriticConfig):
+    """CoMLRL 1.4.3 `MAACConfig`: one centralized critic over the joint history (spec §3.4, §6.3)."""
+
+    critic_value_head_hidden_dim: int | None = Field(None, ge=1, description="Hidden dim of the central critic's "
+                                                                             "head (the reference's model_config key).")
+
+    @model_validator(mode="after")
+    def _post_maac(self) -> "MAACConfig":
+        if self.parallel_training == "mp" and not self.critic_devices:
+            raise ValueError("parallel_training='mp' in MAAC requires both agent_devices and critic_devices")
+        return self
+
+
+class CriticConfig(_Strict):
+    """Critic model sources (IAC separate critics, MAAC's central critic); spec §3.3–3.4."""
+
+    critic_model: str | None = Field(None, description="One critic source ('tiny', a local dir or an HF id); IAC "
+                                                       "broadcasts it to every agent.")
+    critics: list[str] | None = Field(None, description="Critic sources: one per agent (IAC) or exactly one (MAAC).")
 
 
 # --- pipeline ------------------------------------------------------------------------------------
@@ -296,6 +403,57 @@ class RunConfig(_Strict):
         return Path(self.data_dir or os.environ.get("COOPFLOW_HOME") or ".coopflow").expanduser().resolve()
 
 
+class IACRunConfig(RunConfig):
+    """A coopflow IAC run: per-agent critics (separate LMs + heads, or a value head on each actor)."""
+
+    algorithm: Literal["iac"] = Field("iac", description="Independent actor-critic.")
+    trainer: IACConfig = Field(default_factory=IACConfig, description="Reference IACConfig fields.")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="Critic model sources.")
+
+    @model_validator(mode="after")
+    def _critics(self) -> "IACRunConfig":
+        c, n = self.critic, self.agents.n
+        given = c.critic_model is not None or c.critics is not None
+        if not self.trainer.use_separate_critic:
+            if given:
+                raise ValueError("critic: critics can only be provided when trainer.use_separate_critic=True")
+            return self
+        if not given:
+            raise ValueError("critic: critics must be provided (critic.critic_model, or critic.critics with one per "
+                             "agent) when trainer.use_separate_critic=True")
+        if c.critics is not None and len(c.critics) != n:
+            raise ValueError(f"critic.critics length {len(c.critics)} must equal num_agents {n}")
+        return self
+
+    def critic_sources(self) -> list[str]:
+        c = self.critic
+        return list(c.critics) if c.critics is not None else ([c.critic_model] * self.agents.n if c.critic_model else [])
+
+
+class MAACRunConfig(RunConfig):
+    """A coopflow MAAC run: one centralized critic over the joint history, actors without heads."""
+
+    algorithm: Literal["maac"] = Field("maac", description="Multi-agent actor-critic (centralized critic).")
+    trainer: MAACConfig = Field(default_factory=MAACConfig, description="Reference MAACConfig fields.")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="The central critic's source.")
+
+    @model_validator(mode="after")
+    def _critic(self) -> "MAACRunConfig":
+        c = self.critic
+        if c.critics is not None and len(c.critics) != 1:
+            raise ValueError(f"critic.critics length {len(c.critics)}: MAAC takes exactly one critic")
+        if c.critic_model is None and not c.critics:
+            raise ValueError("critic: critics must be provided (critic.critic_model or critic.critics: [one])")
+        return self
+
+    def critic_sources(self) -> list[str]:
+        return [self.critic.critic_model or self.critic.critics[0]]  # type: ignore[index]
+
+
+RUN_CONFIGS: dict[str, type[RunConfig]] = {"iac": IACRunConfig, "maac": MAACRunConfig}
+"""Run config class per algorithm (the MAGRPO family uses RunConfig)."""
+
+
 # --- loading and overrides -----------------------------------------------------------------------
 
 
@@ -356,8 +514,9 @@ def validate_config(data: dict, algorithm: str | None = None) -> RunConfig:
         if data.get("algorithm") not in (None, algorithm):
             raise ConfigError(f"algorithm: config says {data['algorithm']!r} but the flow is train-{algorithm}")
         data["algorithm"] = algorithm
+    cls = RUN_CONFIGS.get(str(data.get("algorithm")), RunConfig)
     try:
-        return RunConfig.model_validate(data)
+        return cls.model_validate(data)
     except ValidationError as err:
         raise ConfigError(format_validation_error(err)) from None
 

@@ -11,12 +11,14 @@ Kinds:
 - advantages   one row per (step, item, agent, sample): the return and the advantage fed to the update
 - metrics      one row per logged metric point (key, value, env_step)
 - eval         one row per (eval item, agent): the single-path completion and the joint reward
+- ac_samples   actor-critic: one row per (step, node, agent, sample): reward, KL, old value, TD target,
+               MC return, advantage (raw and normalized) — what the actor and critic updates consume
 - steps        a training manifest: one row per update with the keys of its rollouts/scores/advantages
 """
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "3"  # 2: rollouts gained ref_kl; 3: rollouts gained parent_node/parent_joint (trees)
+SCHEMA_VERSION = "4"  # 2: rollouts.ref_kl; 3: rollouts.parent_node/parent_joint (trees); 4: scores.agent_rewards, ac_samples
 
 _i32, _i64, _f64, _str, _bool = pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.bool_()
 
@@ -39,6 +41,12 @@ TABLES: dict[str, pa.Schema] = {
     "scores": _schema("scores", [
         ("step", _i64), ("item_id", _i64), ("turn", _i32), ("node_id", _i64), ("joint_idx", _i32),
         ("combo", pa.list_(_i32)), ("reward_raw", _f64), ("reward", _f64), ("env_step", _i64),
+        ("agent_rewards", pa.list_(_f64)),  # actor-critic: per-agent rewards (reward = their mean); else empty
+    ]),
+    "ac_samples": _schema("ac_samples", [
+        ("step", _i64), ("item_id", _i64), ("turn", _i32), ("node_id", _i64), ("agent", _i32), ("sample", _i32),
+        ("reward", _f64), ("ref_kl", _f64), ("shaped_reward", _f64), ("old_value", _f64), ("value_target", _f64),
+        ("mc_return", _f64), ("advantage", _f64), ("norm_advantage", _f64),
     ]),
     "advantages": _schema("advantages", [
         ("step", _i64), ("item_id", _i64), ("turn", _i32), ("node_id", _i64), ("agent", _i32), ("sample", _i32),

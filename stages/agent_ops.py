@@ -6,6 +6,7 @@ picklable results, so the same op runs in this process or in the agent's worker 
 
 from stages.generate_rollouts import generate_for_agent
 from stages.models import AgentState, save_agent
+from stages.update_actor_critic import agent_values, update_actor
 from stages.update_policies import update_agent
 
 
@@ -13,4 +14,5 @@ def _generate(agent: AgentState, prompts: list[str], k: int, sampling, seed: int
     return generate_for_agent(agent.model, agent.tokenizer, prompts, k, sampling, seed, agent.reference)
 
 
-OPS = {"generate": _generate, "update": update_agent, "save": save_agent}
+OPS = {"generate": _generate, "update": update_agent, "save": save_agent, "ac_values": agent_values,
+       "ac_update": update_actor}

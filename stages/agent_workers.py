@@ -17,7 +17,8 @@ from pathlib import Path
 
 
 def _worker(conn, source: str, lr: float, dtype: str, attn: str | None, device: str, threads: int,
-            optimizer_file: str | None, reference_source: str | None = None, reference_device: str | None = None) -> None:
+            optimizer_file: str | None, reference_source: str | None = None, reference_device: str | None = None,
+            ac: dict | None = None) -> None:
     """Worker loop: load the agent, then serve ops until 'close'."""
     try:
         import torch
@@ -28,7 +29,7 @@ def _worker(conn, source: str, lr: float, dtype: str, attn: str | None, device: 
         from stages.models import load_agent_state
 
         agent = load_agent_state(source, lr, dtype, attn, device, Path(optimizer_file) if optimizer_file else None,
-                                 reference_source, reference_device)
+                                 reference_source, reference_device, ac)
         conn.send(("ok", None))
     except BaseException as err:  # report load errors to the parent
         conn.send(("error", (type(err).__name__, str(err), traceback.format_exc())))
@@ -62,12 +63,14 @@ class WorkerPolicies:
 
     def __init__(self, sources: list[str | Path], lr: float, dtype: str, attn: str | None, devices: list[str],
                  optimizer_files: list[Path | None] | None = None, reference_sources: list[str] | None = None,
-                 reference_devices: list[str] | None = None):
+                 reference_devices: list[str] | None = None, ac: list[dict | None] | None = None):
         n = len(sources)
+        acs = ac or [None] * n
         cpu_workers = sum(1 for d in devices if d == "cpu")
         threads = max(1, (os.cpu_count() or 1) // max(1, cpu_workers))
         ctx = mp.get_context("spawn")
         self.state: dict = {}
+        self.critic = None  # MAAC's central critic lives in the main process
         self._conns, self._procs = [], []
         opts = optimizer_files or [None] * n
         refs = reference_sources or [None] * n
@@ -77,7 +80,7 @@ class WorkerPolicies:
             p = ctx.Process(target=_worker, name=f"coopflow-agent-{i}", daemon=True,
                             args=(child, str(sources[i]), lr, dtype, attn, devices[i],
                                   threads if devices[i] == "cpu" else 0, str(opts[i]) if opts[i] else None,
-                                  str(refs[i]) if refs[i] else None, rdev[i]))
+                                  str(refs[i]) if refs[i] else None, rdev[i], acs[i]))
             p.start()
             child.close()  # only the worker holds its end: a dead worker then reads as EOF, not a hang
             self._conns.append(parent)

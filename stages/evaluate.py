@@ -14,7 +14,7 @@ from stages.generate_rollouts import SamplingConfig, generate_rollouts
 from stages.models import Policies
 from stages.rewards import RewardCaller
 from stages.rollout_tree import Episode
-from stages.score_rewards import score_rewards
+from stages.score_rewards import score_nodes, score_rewards
 
 
 def evaluate(policies: Policies, items: list[dict], formatters: list[Callable[[dict], str]],
@@ -34,7 +34,8 @@ def evaluate(policies: Policies, items: list[dict], formatters: list[Callable[[d
     rows: list[dict] = []
     for turn in range(episode.num_turns):
         rollouts = generate_rollouts(policies, prompts, ids, one, seed=seed, step=-1, turn=turn)
-        scores = score_rewards(rollouts, by_id, caller, processor, "aligned", 0)
+        scores = (score_nodes(rollouts, by_id, caller, processor, 0) if episode.reward_per_node
+                  else score_rewards(rollouts, by_id, caller, processor, "aligned", 0))
         reward = {s["item_id"]: s["reward"] for s in scores}
         rows += [{"item_id": r["item_id"], "turn": turn, "agent": r["agent"], "prompt": r["prompt"],
                   "completion_text": r["completion_text"], "reward": reward[r["item_id"]], "return": 0.0}

@@ -127,24 +127,93 @@ class AgentState:
     lr: float
     optimizer: object = None
     reference: object = None  # frozen reference model for the KL penalty (None when KL is off)
+    value_head: object = None  # IAC shared mode: a value head on the actor (one optimizer over both)
+    critic: "CriticState | None" = None  # IAC separate mode: this agent's own critic LM + head
 
     def ensure_optimizer(self):
         """Per-agent AdamW (the reference's optimizer; fused kernels where torch has them)."""
         if self.optimizer is None:
             params = [p for p in self.model.parameters() if p.requires_grad]
-            try:
-                self.optimizer = torch.optim.AdamW(params, lr=self.lr, fused=True)
-            except (RuntimeError, TypeError):
-                self.optimizer = torch.optim.AdamW(params, lr=self.lr)
+            if self.value_head is not None:
+                params += list(self.value_head.parameters())
+            self.optimizer = adamw(params, self.lr)
         return self.optimizer
+
+
+def adamw(params: list, lr: float):
+    """AdamW with the reference's defaults (fused kernels where torch has them)."""
+    try:
+        return torch.optim.AdamW(params, lr=lr, fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(params, lr=lr)
+
+
+@dataclass
+class CriticState:
+    """A critic: causal LM backbone + value head, its tokenizer and AdamW (lr = critic_learning_rate)."""
+
+    model: object
+    head: object
+    tokenizer: object
+    lr: float
+    optimizer: object = None
+    same_vocab: bool = True  # shares the actor's vocabulary: reuse its token ids instead of re-tokenizing
+
+    def ensure_optimizer(self):
+        if self.optimizer is None:
+            self.optimizer = adamw([p for p in self.model.parameters() if p.requires_grad]
+                                   + list(self.head.parameters()), self.lr)
+        return self.optimizer
+
+
+def load_critic(source: str | Path, lr: float, head_dim: int | None, dtype: str = "float32",
+                attn_implementation: str | None = "sdpa", device: str = "cpu", optimizer_file: Path | None = None,
+                actor_tokenizer=None) -> CriticState:
+    """A critic from a model source; its value head from `source/value_head.pt` when there, else fresh."""
+    from stages.value_model import load_head, new_head
+
+    model, tok = load_agent(source, dtype, attn_implementation, device)
+    head = load_head(Path(source), resolve_device(device)) if Path(str(source)).is_dir() else None
+    crit = CriticState(model, head or new_head(model, head_dim), tok, lr)
+    if actor_tokenizer is not None:
+        crit.same_vocab = actor_tokenizer.get_vocab() == tok.get_vocab()
+    if optimizer_file is not None and Path(optimizer_file).is_file():
+        crit.ensure_optimizer().load_state_dict(torch.load(optimizer_file, map_location=resolve_device(device)))
+    return crit
+
+
+def save_critic(crit: CriticState, out: Path, optimizer_file: Path | None = None) -> None:
+    """An HF dir with the critic LM, its tokenizer and value_head.pt (+ its optimizer state)."""
+    from stages.value_model import save_head
+
+    crit.model.save_pretrained(out)
+    crit.tokenizer.save_pretrained(out)
+    save_head(crit.head, out)
+    if crit.optimizer is not None and optimizer_file is not None:
+        optimizer_file.parent.mkdir(exist_ok=True)
+        torch.save(crit.optimizer.state_dict(), optimizer_file)
 
 
 def load_agent_state(source: str | Path, lr: float, dtype: str = "float32", attn_implementation: str | None = "sdpa",
                      device: str = "cpu", optimizer_file: Path | None = None, reference_source: str | None = None,
-                     reference_device: str | None = None) -> AgentState:
-    """Load one agent (its optimizer state when a checkpoint has one, its frozen reference when asked)."""
+                     reference_device: str | None = None, ac: dict | None = None) -> AgentState:
+    """Load one agent (its optimizer state when a checkpoint has one, its frozen reference when asked).
+
+    `ac` (actor-critic runs): {"head": bool, "head_dim": int|None} attaches a value head (loaded from
+    `source/value_head.pt` when there); {"critic_source": ..., "critic_lr", "critic_head_dim",
+    "critic_device", "critic_optimizer_file"} loads this agent's separate critic.
+    """
     model, tok = load_agent(source, dtype, attn_implementation, device)
     agent = AgentState(model, tok, lr)
+    if ac and ac.get("head"):
+        from stages.value_model import load_head, new_head
+
+        agent.value_head = load_head(Path(str(source)), resolve_device(device)) if Path(str(source)).is_dir() else None
+        agent.value_head = agent.value_head or new_head(model, ac.get("head_dim"))
+    if ac and ac.get("critic_source"):
+        cf = ac.get("critic_optimizer_file")
+        agent.critic = load_critic(ac["critic_source"], ac["critic_lr"], ac.get("critic_head_dim"), dtype,
+                                   attn_implementation, ac.get("critic_device") or device, Path(cf) if cf else None, tok)
     if reference_source is not None:
         ref, _ = load_agent(reference_source, dtype, attn_implementation, reference_device or device)
         ref.requires_grad_(False)
@@ -161,6 +230,12 @@ def save_agent(agent: AgentState, out: Path, index: int) -> None:
     if agent.optimizer is not None:
         (out / "optimizer").mkdir(exist_ok=True)
         torch.save(agent.optimizer.state_dict(), out / "optimizer" / f"agent_{index}.pt")
+    if agent.value_head is not None:
+        from stages.value_model import save_head
+
+        save_head(agent.value_head, out / f"agent_{index}")
+    if agent.critic is not None:
+        save_critic(agent.critic, out / f"agent_{index}" / "critic", out / "optimizer" / f"critic_{index}.pt")
 
 
 @dataclass
@@ -172,6 +247,7 @@ class Policies:
 
     agents: list[AgentState]
     state: dict = field(default_factory=dict)  # update, env_step, ... of the last completed update
+    critic: "CriticState | None" = None  # MAAC's centralized critic (lives in the main process)
 
     @property
     def n(self) -> int:
@@ -194,14 +270,15 @@ class Policies:
 def load_policies(sources: list[str | Path], lr: float, dtype: str = "float32",
                   attn_implementation: str | None = "sdpa", device: str = "cpu",
                   optimizer_files: list[Path | None] | None = None, reference_sources: list[str] | None = None,
-                  reference_devices: list[str] | None = None) -> Policies:
+                  reference_devices: list[str] | None = None, ac: list[dict | None] | None = None) -> Policies:
     """Load every agent from its source dir/id (with frozen references when reference_sources is given)."""
     n = len(sources)
     opts = optimizer_files or [None] * n
     refs = reference_sources or [None] * n
     rdev = reference_devices or [None] * n
-    return Policies([load_agent_state(sources[i], lr, dtype, attn_implementation, device, opts[i], refs[i], rdev[i])
-                     for i in range(n)])
+    acs = ac or [None] * n
+    return Policies([load_agent_state(sources[i], lr, dtype, attn_implementation, device, opts[i], refs[i], rdev[i],
+                                      acs[i]) for i in range(n)])
 
 
 def checkpoint_sources(path: Path, n_agents: int) -> tuple[list[Path], list[Path], dict]:
@@ -215,6 +292,8 @@ def checkpoint_sources(path: Path, n_agents: int) -> tuple[list[Path], list[Path
 def save_checkpoint(policies, out: Path, state: dict) -> None:
     """Write agent_i/ (HF dirs), optimizer/agent_i.pt and trainer_state.json into `out`."""
     policies.run("save", [(out, i) for i in range(policies.n)])
+    if getattr(policies, "critic", None) is not None:  # MAAC's central critic
+        save_critic(policies.critic, out / "critic", out / "optimizer" / "critic.pt")
     (out / "trainer_state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from stages.generate_rollouts import SamplingConfig, generate_rollouts
 from stages.models import Policies
 from stages.rewards import RewardCaller
-from stages.score_rewards import score_rewards
+from stages.score_rewards import score_nodes, score_rewards
 from stages.transitions import Transition
 
 
@@ -37,6 +37,13 @@ class Episode:
     early_termination_threshold: float | None = None
     passthrough: bool = False
     discount: float = 1.0
+    reward_per_node: bool = False  # actor-critic: one reward call per node with K-lists (score_nodes)
+
+    def score(self, rows: list[dict], items: dict[int, dict], caller: RewardCaller, processor, env: int) -> list[dict]:
+        """Score the nodes of `rows` (MAGRPO: per joint action; actor-critic: per node, expanded)."""
+        if self.reward_per_node:
+            return score_nodes(rows, items, caller, processor, env)
+        return score_rewards(rows, items, caller, processor, self.joint_mode, env)
 
     def prompt_for(self, formatter: Callable[[dict], str], item: dict, external: str) -> str:
         """An agent's prompt at a later turn: the transition's prompt, through the formatter unless passthrough."""
@@ -80,7 +87,7 @@ def generate_tree(policies: Policies, items: list[dict], formatters: list[Callab
         rows = generate_rollouts(policies, [[nd.prompts[a] for nd in frontier] for a in range(n)],
                                  [nd.item["_item_id"] for nd in frontier], sampling, seed, step, turn,
                                  [nd.node_id for nd in frontier], [nd.parent for nd in frontier])
-        scores = score_rewards(rows, by_id, caller, processor, episode.joint_mode, env)
+        scores = episode.score(rows, by_id, caller, processor, env)
         env = scores[-1]["env_step"] if scores else env
         rows_out += rows
         scores_out += scores

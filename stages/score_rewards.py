@@ -60,5 +60,42 @@ def score_rewards(rollouts: list[dict], items: dict[int, dict], caller: RewardCa
             env_step += 1
             out.append({"step": step, "item_id": item_id, "turn": turn, "node_id": node_id, "joint_idx": j,
                         "combo": list(combo), "reward_raw": raw, "reward": float(processor(raw)),
-                        "env_step": env_step})
+                        "env_step": env_step, "agent_rewards": []})
+    return out
+
+
+def score_nodes(rollouts: list[dict], items: dict[int, dict], caller: RewardCaller,
+                processor: Callable[[float], float], env_step_base: int) -> list[dict]:
+    """Actor-critic scoring: one reward call per node with each agent's K completions (and the agents'
+    prompts), as the reference's IAC/MAAC do; the 1 / K / N values are expanded to per-agent rewards
+    (`ac_targets.expand_rewards`). One score row per sample index j: agent_rewards[a] is agent a's
+    reward, `reward` their mean (what early termination and reward_mean see)."""
+    from stages.ac_targets import expand_rewards
+
+    texts: dict[tuple, dict[tuple[int, int], str]] = defaultdict(dict)
+    prompts: dict[tuple, dict[int, str]] = defaultdict(dict)
+    item_of: dict[tuple, int] = {}
+    for r in rollouts:
+        node = (r["step"], r["turn"], r["node_id"])
+        texts[node][(r["agent"], r["sample"])] = r["completion_text"]
+        prompts[node][r["agent"]] = r["prompt"]
+        item_of[node] = r["item_id"]
+    n, out, env_step = caller.n, [], env_step_base
+    for node in sorted(texts):
+        step, turn, node_id = node
+        item = items[item_of[node]]
+        k = 1 + max(s for (_, s) in texts[node])
+        per_agent = [[texts[node][(a, j)] for j in range(k)] for a in range(n)]
+        raw = caller(per_agent, [prompts[node][a] for a in range(n)], [item])
+        bad = [v for v in raw if not math.isfinite(v)]
+        if bad:
+            raise FloatingPointError(f"reward function returned {bad[0]} for item {item_of[node]}")
+        raw_m = expand_rewards(list(raw), n, k)
+        proc_m = expand_rewards([float(processor(v)) for v in raw], n, k)
+        for j in range(k):
+            env_step += 1
+            rewards = [proc_m[a][j] for a in range(n)]
+            out.append({"step": step, "item_id": item_of[node], "turn": turn, "node_id": node_id, "joint_idx": j,
+                        "combo": [j] * n, "reward_raw": sum(raw_m[a][j] for a in range(n)) / n,
+                        "reward": sum(rewards) / n, "env_step": env_step, "agent_rewards": rewards})
     return out

@@ -70,7 +70,7 @@ def test_put_table_from_arrow_table_reorders_and_casts(store):
 
 def test_round_trip_list_columns(store):
     rows = [{"step": 0, "item_id": 1, "turn": 0, "node_id": 0, "joint_idx": 0, "combo": [0, 1],
-             "reward_raw": 0.5, "reward": 50.0, "env_step": 1}]
+             "reward_raw": 0.5, "reward": 50.0, "env_step": 1, "agent_rewards": [0.25, 0.75]}]
     ref = store.put_table("scores", "s1", rows)
     assert store.read_rows(ref) == rows
 
