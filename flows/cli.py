@@ -20,7 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-FLOW_NAMES = ("train-magrpo", "train-mareinforce", "train-marloo", "train-maremax")
+FLOW_NAMES = ("train-magrpo", "train-mareinforce", "train-marloo", "train-maremax", "train-iac", "train-maac")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,4 +1,5 @@
-"""Prefect flows of the MAGRPO family: train-magrpo, train-mareinforce, train-marloo, train-maremax.
+"""Prefect flows: the MAGRPO family (train-magrpo, -mareinforce, -marloo, -maremax) and actor-critic
+(train-iac, train-maac) — the same graph of stages; the segment stage runs the algorithm's update.
 
 The four flows are one graph with a different default advantage mode:
 
@@ -304,5 +305,26 @@ def train_maremax(config: dict | None = None, config_path: str | None = None,
                         continue_run)
 
 
+@flow(name="train-iac", flow_run_name=_run_name, log_prints=True)
+def train_iac(config: dict | None = None, config_path: str | None = None,
+              overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
+              refresh: list[str] | None = None, rescore_from: str | None = None,
+              show_progress: bool = False, continue_run: str | None = None) -> dict:
+    """IAC: independent actor-critic (a critic per agent)."""
+    return run_training("iac", config, config_path, overrides, stages, refresh, rescore_from, show_progress,
+                        continue_run)
+
+
+@flow(name="train-maac", flow_run_name=_run_name, log_prints=True)
+def train_maac(config: dict | None = None, config_path: str | None = None,
+               overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
+               refresh: list[str] | None = None, rescore_from: str | None = None,
+               show_progress: bool = False, continue_run: str | None = None) -> dict:
+    """MAAC: one centralized critic over the joint history."""
+    return run_training("maac", config, config_path, overrides, stages, refresh, rescore_from, show_progress,
+                        continue_run)
+
+
 FLOWS = {"train-magrpo": train_magrpo, "train-mareinforce": train_mareinforce,
-         "train-marloo": train_marloo, "train-maremax": train_maremax}
+         "train-marloo": train_marloo, "train-maremax": train_maremax, "train-iac": train_iac,
+         "train-maac": train_maac}

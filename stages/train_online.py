@@ -52,6 +52,7 @@ from stages.rewards import RewardCaller, resolve_processor, resolve_reward, rewa
 from stages.rollout_tree import Episode, generate_tree
 from stages.score_rewards import joint_combos, score_rewards
 from stages.transitions import Transition, transition_identity
+from stages.train_ac import agent_specs, is_actor_critic
 from stages.update_policies import update_policies
 
 STAGE_VERSION = "2"  # 2: rollouts carry tree links
@@ -124,6 +125,7 @@ class RunContext:
     segments: list[list[Update]]
     formatters: list = field(default_factory=list)
     budget: "budget.Budget | None" = None
+    critic_paths: list[str] | None = None  # actor-critic: resolved critic sources (IAC separate: one per agent)
     episode: Episode = field(default_factory=Episode)
     transition_id: dict | None = None
     warnings: list[str] = field(default_factory=list)
@@ -133,7 +135,8 @@ class RunContext:
         return self.cfg.agents.n
 
     def joint_actions_per_node(self) -> int:
-        return len(joint_combos(self.cfg.trainer.num_generations, self.n, self.cfg.trainer.joint_mode))
+        t = self.cfg.trainer
+        return len(joint_combos(t.num_generations, self.n, getattr(t, "joint_mode", "aligned")))
 
     def nodes_per_item(self) -> int:
         """Nodes of a full episode tree (no early termination): sum over depths of branch^t."""
@@ -145,8 +148,15 @@ class RunContext:
 
 def resolve_sources(cfg: RunConfig, store: ArtifactStore) -> tuple[list[str], dict]:
     """Agent sources as loadable paths/ids, and their identity for keys ('tiny' is built into the store)."""
+    paths, ident = resolve_model_sources(cfg.agents.sources(), cfg, store, "agents")
+    return paths, {"sources": ident, "dtype": cfg.agents.dtype}
+
+
+def resolve_model_sources(sources: list[str], cfg: RunConfig, store: ArtifactStore,
+                          what: str) -> tuple[list[str], list[dict]]:
+    """Model sources ('tiny', local dirs, hub ids) as loadable paths/ids plus their identities."""
     paths, ident = [], []
-    for src in cfg.agents.sources():
+    for src in sources:
         if src == "tiny":
             a = cfg.agents
             key = key_for("model", {"tiny": [a.tiny_hidden_size, a.tiny_num_layers], "v": STAGE_VERSION})
@@ -159,12 +169,12 @@ def resolve_sources(cfg: RunConfig, store: ArtifactStore) -> tuple[list[str], di
             paths.append(str(p))
             ident.append({"dir": str(p), "files": files})
         elif src.startswith((".", "/", "~")) or src.count("/") > 1:
-            raise FileNotFoundError(f"agents: model directory {src!r} does not exist (a source is 'tiny', an "
+            raise FileNotFoundError(f"{what}: model directory {src!r} does not exist (a source is 'tiny', an "
                                     "existing local directory or a Hugging Face model id like 'org/name')")
         else:
             paths.append(src)
             ident.append({"hub": src})
-    return paths, {"sources": ident, "dtype": cfg.agents.dtype}
+    return paths, ident
 
 
 def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sources: list[str] | None = None,
@@ -177,22 +187,33 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
     evals = load_items(store, taskset, "eval")
     caller = RewardCaller(resolve_reward(cfg.reward.name, cfg.reward.kwargs), cfg.agents.n)
     sampling = SamplingConfig(t.num_generations, t.max_new_tokens, t.temperature, t.top_p, t.top_k)
+    ac = is_actor_critic(cfg)
+    init: dict = {"init": source_ident}
+    critic_paths = None
+    if ac and cfg.critic_sources():
+        critic_paths, cident = resolve_model_sources(cfg.critic_sources(), cfg, store, "critic")
+        init.update(critics=cident, algorithm=cfg.algorithm, critic_type=t.critic_type)
+    elif ac:
+        init.update(algorithm=cfg.algorithm, shared_head=t.value_head_hidden_dim, critic_type=t.critic_type)
     ctx = RunContext(cfg=cfg, store=store, taskset=taskset, train_items=train, eval_items=evals, sources=sources,
-                     start_key=key_for("policy", {"init": source_ident}), caller=caller,
+                     start_key=key_for("policy", init), caller=caller, critic_paths=critic_paths,
                      processor=resolve_processor(cfg.reward.processor),
                      reward_id=reward_identity(cfg.reward.name, cfg.reward.kwargs, cfg.reward.processor),
                      sampling=sampling, updates=[], segments=[])
     multi = t.num_turns > 1 and cfg.transition is not None
-    ctx.episode = Episode(t.num_turns if multi else 1, t.joint_mode,
+    joint_mode = getattr(t, "joint_mode", "aligned")
+    ctx.episode = Episode(t.num_turns if multi else 1, joint_mode,
                           Transition(cfg.transition.name, cfg.transition.kwargs) if multi else None,
-                          t.early_termination_threshold, t.external_prompt_passthrough, t.discount)
+                          t.early_termination_threshold, t.external_prompt_passthrough, t.discount, reward_per_node=ac)
     if multi:
         ctx.transition_id = transition_identity(cfg.transition.name, cfg.transition.kwargs)
+    # MAGRPO's rollout_buffer_size counts tree nodes per agent; the actor-critic trainers count samples per agent.
+    units = ctx.nodes_per_item() * (t.num_generations if ac else 1)
     ctx.updates = plan_updates(len(train), t.num_train_epochs, t.rollout_buffer_size, ctx.joint_actions_per_item(),
-                               ctx.nodes_per_item())
+                               units)
     ctx.segments = plan_segments(ctx.updates, cfg.checkpoint_every)
     n_eval = len(evals[:t.eval_num_samples] if t.eval_num_samples else evals)
-    ctx.budget = budget.estimate(len(train), n_eval, cfg.agents.n, t.num_generations, t.num_turns, t.joint_mode,
+    ctx.budget = budget.estimate(len(train), n_eval, cfg.agents.n, t.num_generations, t.num_turns, joint_mode,
                                  t.num_train_epochs, len(ctx.updates[0].item_ids) if ctx.updates else 1)
     budget.check(ctx.budget, cfg.max_sequences)
     warn = budget.unreachable_turns_warning(t.num_turns, t.early_termination_threshold,
@@ -229,8 +250,8 @@ class UpdateKeys:
 
 def scores_key(ctx: RunContext, rollouts_key: str, env_step_base: int) -> str:
     """Key of the scores of one rollouts artifact under this run's reward and joint mode."""
-    return key_for("scores", {"rollouts": rollouts_key, "reward": ctx.reward_id,
-                              "joint_mode": ctx.cfg.trainer.joint_mode, "env_step_base": env_step_base})
+    return key_for("scores", {"rollouts": rollouts_key, "reward": ctx.reward_id, "per_node": ctx.episode.reward_per_node,
+                              "joint_mode": ctx.episode.joint_mode, "env_step_base": env_step_base})
 
 
 def score_or_load(ctx: RunContext, rows: list[dict], by_id: dict[int, dict], key: str,
@@ -239,7 +260,7 @@ def score_or_load(ctx: RunContext, rows: list[dict], by_id: dict[int, dict], key
     ref = ctx.store.find("scores", key)
     if ref is not None:
         return ref, ctx.store.read_rows(ref)
-    scores = score_rewards(rows, by_id, ctx.caller, ctx.processor, ctx.cfg.trainer.joint_mode, env_step_base)
+    scores = ctx.episode.score(rows, by_id, ctx.caller, ctx.processor, env_step_base)
     CALLS["score"] += 1
     return ctx.store.put_table("scores", key, scores), scores
 
@@ -254,11 +275,20 @@ def update_keys(ctx: RunContext, policy_key: str, u: Update) -> UpdateKeys:
             "reference_kl": t.reference_kl_enabled}
     if t.num_turns > 1:  # the tree's shape and later prompts depend on these
         spec["episode"] = {"turns": t.num_turns, "transition": ctx.transition_id, "reward": ctx.reward_id,
-                           "joint_mode": t.joint_mode, "threshold": t.early_termination_threshold,
-                           "passthrough": t.external_prompt_passthrough}
+                           "joint_mode": ctx.episode.joint_mode, "threshold": t.early_termination_threshold,
+                           "passthrough": t.external_prompt_passthrough, "per_node": ctx.episode.reward_per_node}
     rk = key_for("rollouts", spec)
+    kl = t.reference_kl_coef if t.reference_kl_enabled else None
+    if is_actor_critic(cfg):
+        ak = key_for("ac_samples", {"rollouts": rk, "reward": ctx.reward_id, "algorithm": cfg.algorithm,
+                                    "critic_type": t.critic_type, "discount": t.discount, "kl_coef": kl,
+                                    "norm": t.advantage_normalization})
+        pk = key_for("policy", {"prev": policy_key, "ac_samples": ak, "lr": t.agent_learning_rate,
+                                "critic_lr": t.critic_lr, "coef": t.value_loss_coef,
+                                "clip": getattr(t, "value_clip_range", None), "batch": t.batch_size, "seed": cfg.seed})
+        return UpdateKeys(rk, ak, pk)
     adv = {"rollouts": rk, "reward": ctx.reward_id, "joint_mode": t.joint_mode, "mode": cfg.advantage_mode,
-           "norm": t.advantage_normalization, "kl_coef": t.reference_kl_coef if t.reference_kl_enabled else None}
+           "norm": t.advantage_normalization, "kl_coef": kl}
     if t.num_turns > 1:
         adv["discount"] = t.discount
     ak = key_for("advantages", adv)
@@ -289,12 +319,25 @@ def _open_policies(ctx: RunContext, sources: list, optimizer_files: list | None,
     # The frozen references are always the *initial* agent sources (also when resuming a checkpoint).
     refs = list(ctx.sources) if t.reference_kl_enabled else None
     rdev = agent_devices(t.reference_devices, ctx.n, devices[0]) if t.reference_devices else devices
+    ckpt = Path(sources[0]).parent if optimizer_files else None  # a checkpoint dir (agent_i/ + optimizer/)
+    critics = ctx.critic_paths
+    if ckpt is not None and ctx.cfg.algorithm == "iac" and critics:
+        critics = [str(ckpt / f"agent_{i}" / "critic") for i in range(ctx.n)]
+    specs = agent_specs(ctx.cfg, critics, devices, ckpt / "optimizer" if ckpt is not None else None)
     if t.parallel_training == "mp":
         pol = WorkerPolicies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, devices,
-                             optimizer_files, refs, rdev)
+                             optimizer_files, refs, rdev, specs)
     else:
         pol = load_policies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, a.device, optimizer_files,
-                            refs, rdev)
+                            refs, rdev, specs)
+    if ctx.cfg.algorithm == "maac":
+        from stages.agent_workers import agent_devices as resolve_devices
+        from stages.models import load_critic
+
+        src = str(ckpt / "critic") if ckpt is not None else ctx.critic_paths[0]
+        cdev = resolve_devices(t.critic_devices, 1, devices[0])[0]
+        pol.critic = load_critic(src, t.critic_lr, t.critic_value_head_hidden_dim, a.dtype, a.attn_implementation, cdev,
+                                 ckpt / "optimizer" / "critic.pt" if ckpt is not None else None, pol.tokenizers[0])
     pol.state = state
     return pol
 
@@ -391,6 +434,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     executed: Counter = Counter()
     timing: Counter = Counter()
     gen_tokens = 0
+    epoch_acc: dict = {}
     bar = tqdm(seg, desc=f"{cfg.algorithm} segment {seg_index + 1}/{len(ctx.segments)}", unit="update",
                disable=not show_progress, leave=False)
     try:
@@ -427,6 +471,25 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
                 executed["replayed"] += 1
                 t0 = time.perf_counter()
                 sref, scores = score_or_load(ctx, rows, by_id, sk, base)
+            if is_actor_critic(cfg):  # --- critic values, TD targets, actor + critic steps
+                aref, per_turn, um = _actor_critic_update(ctx, pol, rows, scores, keys, u, timing, t0)
+                executed["update"] += 1
+                policy_key = keys.policy_after
+                means = node_means(scores)
+                reward_mean = sum(means) / len(means)
+                env_step = scores[-1]["env_step"]
+                last = state.get("last_logged")
+                if last is None or env_step - last >= t.logging_steps:
+                    state["last_logged"] = env_step
+                    metric_rows += [{"key": k, "value": v, "env_step": env_step} for k, v in per_turn.items()]
+                    metric_rows += [{"key": k, "value": v, "env_step": env_step} for k, v in um.items()]
+                if cfg.algorithm == "maac":
+                    metric_rows += _epoch_metrics(ctx, u, per_turn, epoch_acc, env_step)
+                steps_rows.append({"update": u.index, "epoch": u.epoch, "env_step": env_step, "rollouts": ref.key,
+                                   "scores": sref.key, "advantages": aref.key, "reward_mean": reward_mean})
+                state.update(update=u.index + 1, env_step=env_step, epoch=u.epoch)
+                bar.set_postfix(reward=f"{reward_mean:.3f}", env_step=env_step)
+                continue
             # --- advantages (returns over the tree, baseline per node and agent)
             children = tree_children(rows)
             aref = store.find("advantages", keys.advantages)
@@ -493,6 +556,46 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     steps = store.put_table("steps", ckpt_key, steps_rows)
     metrics = store.put_table("metrics", ckpt_key, metric_rows)
     return SegmentResult(ckpt, steps, metrics, dict(executed))
+
+
+def _actor_critic_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict], keys: UpdateKeys, u: Update,
+                        timing: Counter, t0: float):
+    """IAC/MAAC: ac_samples (stored, or computed from the critics' old values) then the updates."""
+    from stages import train_ac
+
+    t = ctx.cfg.trainer
+    aref = ctx.store.find("ac_samples", keys.advantages)
+    if aref is None:
+        samples = train_ac.build_samples(ctx, pol, rows, scores)
+        aref = ctx.store.put_table("ac_samples", keys.advantages,
+                                   [{k: s[k] for k in train_ac.AC_COLUMNS} for s in samples])
+        CALLS["advantages"] += 1
+    else:
+        samples = train_ac.join_samples(ctx, rows, ctx.store.read_rows(aref))
+    timing["score_s"] += time.perf_counter() - t0
+    t1 = time.perf_counter()
+    um = train_ac.update(ctx, pol, samples, ctx.cfg.seed, u.index)
+    CALLS["update"] += 1
+    timing["update_s"] += time.perf_counter() - t1
+    per_turn = train_ac.turn_metrics(samples, um, t.reference_kl_coef if t.reference_kl_enabled else None)
+    return aref, per_turn, um
+
+
+def _epoch_metrics(ctx: RunContext, u: Update, per_turn: dict[str, float], acc: dict, env_step: int) -> list[dict]:
+    """MAAC's epoch-end means `turn_t/epoch_*` (accumulated over the epoch's updates in this segment)."""
+    names = {"reward_mean": "epoch_reward_mean", "expected_return": "epoch_avg_return",
+             "value_pred_mean": "epoch_value_pred_mean", "value_target_mean": "epoch_value_target_mean",
+             "policy_loss": "epoch_policy_loss", "value_loss": "epoch_value_loss"}
+    for k, v in per_turn.items():
+        turn, name = k.split("/", 1)
+        if name in names:
+            acc.setdefault(f"{turn}/{names[name]}", []).append(v)
+    last_of_epoch = u.index + 1 >= len(ctx.updates) or ctx.updates[u.index + 1].epoch != u.epoch
+    if not last_of_epoch:
+        return []
+    out = [{"key": k, "value": sum(v) / len(v), "env_step": env_step} for k, v in sorted(acc.items())]
+    acc.clear()
+    return out
 
 
 def rescore(ctx: RunContext, steps_refs: list[ArtifactRef]) -> list[dict]:
