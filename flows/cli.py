@@ -98,24 +98,40 @@ def config_reference() -> str:
     """Markdown table of every config field: dotted path, default, one-line doc."""
     from pydantic_core import PydanticUndefined
 
-    from schemas.config import (AgentsConfig, FormatterConfig, MAGRPOConfig, RewardConfig, RunConfig, TasksetConfig,
-                                TrackingConfig, TransitionConfig)
+    from schemas.config import (AgentsConfig, CriticConfig, FormatterConfig, IACConfig, MAACConfig, MAGRPOConfig,
+                                RewardConfig, RunConfig, TasksetConfig, TrackingConfig, TransitionConfig)
 
     def show(v) -> str:
         return "`" + json.dumps(v) + "`"
 
-    lines = ["| field | default | meaning |", "|---|---|---|"]
-    sections = [(RunConfig, ""), (AgentsConfig, "agents."), (TasksetConfig, "taskset."), (RewardConfig, "reward."),
-                (FormatterConfig, "formatters[i]."), (MAGRPOConfig, "trainer."), (TransitionConfig, "transition."),
-                (TrackingConfig, "tracking.")]
-    for model, prefix in sections:
-        for name, f in model.model_fields.items():
-            d = f.default
-            if d is PydanticUndefined:
-                d = f.default_factory() if f.default_factory else None
-            default = "(section)" if hasattr(d, "model_dump") else show(d)
-            lines.append(f"| `{prefix}{name}` | {default} | {f.description} |")
-    return "\n".join(lines)
+    def table(sections, skip=()) -> list[str]:
+        lines = ["| field | default | meaning |", "|---|---|---|"]
+        for model, prefix in sections:
+            for name, f in model.model_fields.items():
+                if (prefix, name) in skip:
+                    continue
+                d = f.default
+                if d is PydanticUndefined:
+                    d = f.default_factory() if f.default_factory else None
+                default = "(section)" if hasattr(d, "model_dump") else show(d)
+                doc = (f.description or "").replace("|", "\\|")
+                lines.append(f"| `{prefix}{name}` | {default} | {doc} |")
+        return lines
+
+    out = ["All flows:", ""] + table(
+        [(RunConfig, ""), (AgentsConfig, "agents."), (TasksetConfig, "taskset."), (RewardConfig, "reward."),
+         (FormatterConfig, "formatters[i]."), (TransitionConfig, "transition."), (TrackingConfig, "tracking.")])
+    out += ["", "MAGRPO family (`train-magrpo`, `-mareinforce`, `-marloo`, `-maremax`): the `trainer` section is the "
+                "reference's `MAGRPOConfig`:", ""] + table([(MAGRPOConfig, "trainer.")])
+    out += ["", "Actor-critic (`train-iac`, `train-maac`): a `critic` section and the reference's `IACConfig` / "
+                "`MAACConfig` as `trainer` (the IAC-only fields are marked; MAAC has the rest):", ""]
+    out += table([(CriticConfig, "critic.")])
+    iac_only = set(IACConfig.model_fields) - set(MAACConfig.model_fields)
+    rows = table([(IACConfig, "trainer.")])
+    for r in rows[2:]:
+        name = r.split("`")[1].removeprefix("trainer.")
+        out.append(r.replace("` |", "` (IAC only) |", 1) if name in iac_only else r)
+    return "\n".join(out)
 
 
 def _config_reference(args) -> int:

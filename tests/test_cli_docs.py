@@ -4,8 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from schemas.config import (AgentsConfig, FormatterConfig, MAGRPOConfig, RewardConfig, RunConfig, TasksetConfig,
-                            TrackingConfig, TransitionConfig)
+from schemas.config import (AgentsConfig, CriticConfig, FormatterConfig, IACConfig, IACRunConfig, MAACConfig,
+                            MAGRPOConfig, RewardConfig, RunConfig, TasksetConfig, TrackingConfig, TransitionConfig)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,10 +36,11 @@ def test_shipped_config_validates():
 
 def test_readme_documents_every_config_field():
     readme = (REPO / "README.md").read_text()
-    sections = {"": RunConfig, "agents.": AgentsConfig, "taskset.": TasksetConfig, "reward.": RewardConfig,
-                "formatters[i].": FormatterConfig, "trainer.": MAGRPOConfig, "transition.": TransitionConfig,
-                "tracking.": TrackingConfig}
-    missing = [p + f for p, m in sections.items() for f in m.model_fields if f"`{p}{f}`" not in readme]
+    sections = [("", RunConfig), ("", IACRunConfig), ("agents.", AgentsConfig), ("taskset.", TasksetConfig),
+                ("reward.", RewardConfig), ("formatters[i].", FormatterConfig), ("trainer.", MAGRPOConfig),
+                ("trainer.", IACConfig), ("trainer.", MAACConfig), ("transition.", TransitionConfig),
+                ("critic.", CriticConfig), ("tracking.", TrackingConfig)]
+    missing = [p + f for p, m in sections for f in m.model_fields if f"`{p}{f}`" not in readme]
     assert not missing, f"README config reference lacks {missing}"
 
 
@@ -63,7 +64,8 @@ def test_cli_tiny_model_builds_a_loadable_model(tmp_path):
 
 
 def test_cli_lists_flows_and_config_reference():
-    assert _cli("flows").stdout.split() == ["train-magrpo", "train-mareinforce", "train-marloo", "train-maremax"]
+    assert _cli("flows").stdout.split() == ["train-magrpo", "train-mareinforce", "train-marloo", "train-maremax",
+                                            "train-iac", "train-maac"]
     assert "`trainer.num_generations`" in _cli("config-reference").stdout
 
 
