@@ -168,13 +168,13 @@ class CriticState:
 
 def load_critic(source: str | Path, lr: float, head_dim: int | None, dtype: str = "float32",
                 attn_implementation: str | None = "sdpa", device: str = "cpu", optimizer_file: Path | None = None,
-                actor_tokenizer=None) -> CriticState:
+                actor_tokenizer=None, head_seed: int | None = None) -> CriticState:
     """A critic from a model source; its value head from `source/value_head.pt` when there, else fresh."""
     from stages.value_model import load_head, new_head
 
     model, tok = load_agent(source, dtype, attn_implementation, device)
     head = load_head(Path(source), resolve_device(device)) if Path(str(source)).is_dir() else None
-    crit = CriticState(model, head or new_head(model, head_dim), tok, lr)
+    crit = CriticState(model, head or new_head(model, head_dim, head_seed), tok, lr)
     if actor_tokenizer is not None:
         crit.same_vocab = actor_tokenizer.get_vocab() == tok.get_vocab()
     if optimizer_file is not None and Path(optimizer_file).is_file():
@@ -209,11 +209,12 @@ def load_agent_state(source: str | Path, lr: float, dtype: str = "float32", attn
         from stages.value_model import load_head, new_head
 
         agent.value_head = load_head(Path(str(source)), resolve_device(device)) if Path(str(source)).is_dir() else None
-        agent.value_head = agent.value_head or new_head(model, ac.get("head_dim"))
+        agent.value_head = agent.value_head or new_head(model, ac.get("head_dim"), ac.get("head_seed"))
     if ac and ac.get("critic_source"):
         cf = ac.get("critic_optimizer_file")
         agent.critic = load_critic(ac["critic_source"], ac["critic_lr"], ac.get("critic_head_dim"), dtype,
-                                   attn_implementation, ac.get("critic_device") or device, Path(cf) if cf else None, tok)
+                                   attn_implementation, ac.get("critic_device") or device, Path(cf) if cf else None, tok,
+                                   ac.get("head_seed"))
     if reference_source is not None:
         ref, _ = load_agent(reference_source, dtype, attn_implementation, reference_device or device)
         ref.requires_grad_(False)

@@ -33,8 +33,11 @@ def agent_specs(cfg, critic_paths: list[str] | None, devices: list[str], optimiz
     t = cfg.trainer
     if cfg.algorithm != "iac":
         return [None] * cfg.agents.n
+    from stages.generate_rollouts import derive_seed
+
     if not t.use_separate_critic:
-        return [{"head": True, "head_dim": t.value_head_hidden_dim} for _ in range(cfg.agents.n)]
+        return [{"head": True, "head_dim": t.value_head_hidden_dim, "head_seed": derive_seed(cfg.seed, "value_head", i)}
+                for i in range(cfg.agents.n)]
     cdev = t.critic_devices
     cdevs = [cdev] * cfg.agents.n if isinstance(cdev, str) or cdev is None else list(cdev)
     if len(cdevs) == 1:
@@ -44,7 +47,7 @@ def agent_specs(cfg, critic_paths: list[str] | None, devices: list[str], optimiz
         opt = str(optimizer_dir / f"critic_{i}.pt") if optimizer_dir is not None else None
         specs.append({"critic_source": critic_paths[i], "critic_lr": t.critic_lr,
                       "critic_head_dim": t.critic_value_head_hidden_dim, "critic_device": cdevs[i] or devices[i],
-                      "critic_optimizer_file": opt})
+                      "critic_optimizer_file": opt, "head_seed": derive_seed(cfg.seed, "critic_head", i)})
     return specs
 
 

@@ -337,7 +337,8 @@ def _open_policies(ctx: RunContext, sources: list, optimizer_files: list | None,
         src = str(ckpt / "critic") if ckpt is not None else ctx.critic_paths[0]
         cdev = resolve_devices(t.critic_devices, 1, devices[0])[0]
         pol.critic = load_critic(src, t.critic_lr, t.critic_value_head_hidden_dim, a.dtype, a.attn_implementation, cdev,
-                                 ckpt / "optimizer" / "critic.pt" if ckpt is not None else None, pol.tokenizers[0])
+                                 ckpt / "optimizer" / "critic.pt" if ckpt is not None else None, pol.tokenizers[0],
+                                 derive_seed(ctx.cfg.seed, "central_critic_head"))
     pol.state = state
     return pol
 

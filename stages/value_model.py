@@ -26,13 +26,15 @@ HEAD_FILE = "value_head.pt"
 class ValueHead(nn.Module):
     """Linear → Tanh → Linear(1) over hidden states: [..., H] -> [...]."""
 
-    def __init__(self, hidden: int, dim: int | None = None):
+    def __init__(self, hidden: int, dim: int | None = None, seed: int | None = None):
         super().__init__()
         d = dim or hidden
         self.net = nn.Sequential(nn.Linear(hidden, d), nn.Tanh(), nn.Linear(d, 1))
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None  # reproducible heads
         for m in self.net:
             if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, mean=0.0, std=0.02)
+                with torch.no_grad():
+                    m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * 0.02)
                 nn.init.zeros_(m.bias)
         self.hidden, self.dim = hidden, d
 
@@ -49,9 +51,9 @@ def hidden_size(model) -> int:
     return int(h)
 
 
-def new_head(model, dim: int | None = None) -> ValueHead:
-    """A freshly initialized head for `model`, on its device."""
-    return ValueHead(hidden_size(model), dim).to(next(model.parameters()).device)
+def new_head(model, dim: int | None = None, seed: int | None = None) -> ValueHead:
+    """A freshly initialized head for `model`, on its device (seeded: the same head in every run)."""
+    return ValueHead(hidden_size(model), dim, seed).to(next(model.parameters()).device)
 
 
 def save_head(head: ValueHead, out_dir: Path) -> None:

@@ -57,6 +57,18 @@ def test_deployment_run_completes(tmp_path):
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         ckpts = [p for p in (tmp_path / "data" / "artifacts" / "checkpoint").iterdir() if not p.name.startswith(".")]
         assert len(ckpts) == 1 and (ckpts[0] / "agent_0" / "config.json").is_file()
+        # the actor-critic deployments, with a critic section in the parameters
+        for algo, critic_file in (("iac", "agent_0/critic/value_head.pt"), ("maac", "critic/value_head.pt")):
+            data = tmp_path / f"data-{algo}"
+            cfg = small_config(data, critic={"critic_model": "tiny"})
+            cfg["trainer"] = {"num_train_epochs": 1, "num_turns": 1, "max_new_tokens": 8, "rollout_buffer_size": 2,
+                              "eval_interval": 0, "eval_num_samples": 2}
+            run = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", f"train-{algo}/local",
+                                  "--params", json.dumps({"config": cfg}), "--watch", "--watch-timeout", "400"],
+                                 env=env, capture_output=True, text=True, timeout=600)
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+            ckpts = [p for p in (data / "artifacts" / "checkpoint").iterdir() if not p.name.startswith(".")]
+            assert len(ckpts) == 1 and (ckpts[0] / critic_file).is_file()
     finally:
         for p in reversed(procs):
             try:

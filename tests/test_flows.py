@@ -149,3 +149,25 @@ def test_multi_turn_flow_logs_per_turn_metrics_and_the_early_termination_warning
     client = MlflowClient(tracking_uri=f"sqlite:///{cfg['data_dir']}/mlflow.db")
     hist = client.get_metric_history(s["mlflow_run_id"], "turn_2/expected_return")
     assert [m.step for m in hist] == [6, 12, 18, 24]  # one 3-node tree fills a buffer of 2: one item per update
+
+
+@pytest.mark.parametrize("algo", ["iac", "maac"])
+def test_actor_critic_flows_log_the_reference_metric_names(prefect_harness, tmp_path, algo):
+    from mlflow.tracking import MlflowClient
+
+    from flows.train import FLOWS
+
+    cfg = small_config(tmp_path, critic={"critic_model": "tiny"})
+    cfg["trainer"] = {"num_train_epochs": 1, "num_turns": 1, "max_new_tokens": 8, "rollout_buffer_size": 2,
+                      "eval_interval": 0, "eval_num_samples": 2, "agent_learning_rate": 1e-3}
+    LIVE.clear()
+    s = FLOWS[f"train-{algo}"](config=cfg)
+    assert s["env_steps"] == 4  # K=1: one joint sample per item
+    run = MlflowClient(tracking_uri=f"sqlite:///{cfg['data_dir']}/mlflow.db").get_run(s["mlflow_run_id"])
+    names = set(run.data.metrics)
+    assert {"turn_1/reward_mean", "turn_1/expected_return", "turn_1/policy_loss", "turn_1/value_loss",
+            "turn_1/value_pred_mean", "turn_1/value_target_mean", "turn_1/explained_variance",
+            "eval/turn_1/reward_mean"} <= names
+    if algo == "maac":
+        assert "turn_1/epoch_reward_mean" in names and "turn_1/epoch_value_loss" in names
+    assert run.data.params["algorithm"] == algo and run.data.params["critic.critic_model"] == "tiny"

@@ -1,0 +1,225 @@
+"""Actor-critic (IAC / MAAC): value heads and readouts, TD targets, clipping, rewards, configs, save/load."""
+
+import pytest
+import torch
+
+from schemas.config import ConfigError, validate_config
+from stages import train_online as T
+from stages.ac_targets import compute_targets, expand_rewards
+from stages.fit_critic import value_error
+from stages.models import LIVE, load_agent
+from stages.update_actor_critic import update_actor
+from stages.value_model import ValueHead, forward_values, joint_critic_text, new_head
+from tests.conftest import small_config
+
+
+# --- value head and readouts ---------------------------------------------------------------------
+
+
+def test_value_head_shape_and_init():
+    torch.manual_seed(0)
+    head = ValueHead(512)
+    lin1, act, lin2 = head.net
+    assert isinstance(act, torch.nn.Tanh) and lin1.out_features == 512 and lin2.out_features == 1
+    assert torch.all(lin1.bias == 0) and torch.all(lin2.bias == 0)
+    assert abs(lin1.weight.std().item() - 0.02) < 0.002 and abs(lin1.weight.mean().item()) < 0.002
+    assert ValueHead(64, 16).net[0].out_features == 16
+    assert head(torch.zeros(3, 7, 512)).shape == (3, 7)
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_model_dir):
+    model, tok = load_agent(tiny_model_dir)
+    torch.manual_seed(1)
+    return model, tok, new_head(model)
+
+
+def _alone(model, head, ids: list[int]) -> float:
+    h = model.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state
+    return head(h[0, -1]).item()
+
+
+def test_batched_v_and_q_readouts_match_single_sequence_forwards(lm):
+    model, tok, head = lm
+    prompts = [tok("tell a story")["input_ids"], tok("a much longer prompt about the moon and stars")["input_ids"]]
+    comps = [tok(" once upon")["input_ids"], tok(" the moon")["input_ids"] + [tok.eos_token_id]]
+    with torch.no_grad():
+        v = forward_values(model, head, prompts, comps, tok.pad_token_id, "v")
+        q, logp = forward_values(model, head, prompts, comps, tok.pad_token_id, "q", with_logprobs=True)
+        from stages.logprobs import sequence_logprobs
+
+        ref_logp = sequence_logprobs(model, prompts, comps, tok.pad_token_id)
+    for b in range(2):  # V: last prompt token of the prompt alone; Q: last token of prompt + completion
+        assert v[b].item() == pytest.approx(_alone(model, head, prompts[b]), abs=1e-5)
+        assert q[b].item() == pytest.approx(_alone(model, head, prompts[b] + comps[b]), abs=1e-5)
+    assert torch.allclose(logp, ref_logp, atol=1e-4)  # the shared-head forward gives the same log-probs
+
+
+def test_joint_critic_text_format():
+    assert joint_critic_text(["p0", "p1"]) == "[Agent 0] p0\n\n[Agent 1] p1"
+    assert joint_critic_text(["p0", "p1"], ["a", "b"]) == (
+        "[Agent 0] p0\n\n[Agent 1] p1\n\n[Joint Action]\n\n[Agent 0 action]\na\n\n[Agent 1 action]\nb")
+
+
+# --- rewards, targets, advantages, clipping ------------------------------------------------------
+
+
+def test_reward_expansion_rules():
+    assert expand_rewards([0.5], 2, 3) == [[0.5] * 3, [0.5] * 3]
+    assert expand_rewards([1, 2, 3], 2, 3) == [[1, 2, 3], [1, 2, 3]]  # K values: one per sample index
+    assert expand_rewards([1, 2], 2, 3) == [[1, 1, 1], [2, 2, 2]]  # N values: one per agent
+    assert expand_rewards([1, 2], 2, 2) == [[1, 2], [1, 2]]  # N == K: read as per sample (reference order)
+    with pytest.raises(ValueError, match="must return 1, num_generations"):
+        expand_rewards([1, 2, 3, 4], 2, 3)
+
+
+def _s(turn, reward, old_value, agent=0, kl=0.0, item=0, sample=0):
+    return {"step": 0, "item_id": item, "turn": turn, "node_id": turn, "agent": agent, "sample": sample,
+            "reward": reward, "ref_kl": kl, "old_value": old_value}
+
+
+def test_td0_targets_mc_returns_and_kl_shaping_by_hand():
+    traj = [_s(0, 1.0, 0.2, kl=0.2), _s(1, 0.5, 0.4)]
+    compute_targets(traj, discount=0.9, kl_coef=0.5, normalize=False)
+    # r' = [1 - 0.5*0.2, 0.5] = [0.9, 0.5]; target_0 = 0.9 + 0.9*V_old(h_1) = 0.9 + 0.36; target_1 = r'_1
+    assert [s["shaped_reward"] for s in traj] == pytest.approx([0.9, 0.5])
+    assert [s["value_target"] for s in traj] == pytest.approx([1.26, 0.5])
+    assert [s["mc_return"] for s in traj] == pytest.approx([0.9 + 0.9 * 0.5, 0.5])
+    assert [s["advantage"] for s in traj] == pytest.approx([1.26 - 0.2, 0.5 - 0.4])
+    assert [s["norm_advantage"] for s in traj] == pytest.approx([1.06, 0.1])  # groups of one: no z-norm
+
+
+def test_advantages_normalize_over_each_agent_turn_group():
+    group = [_s(0, r, 0.0, item=i) for i, r in enumerate([1.0, 2.0, 3.0])] + [_s(0, 5.0, 1.0, agent=1)]
+    compute_targets(group, discount=0.9, kl_coef=None, normalize=True)
+    z = (torch.tensor([1.0, 2.0, 3.0]) - 2.0) / torch.tensor([1.0, 2.0, 3.0]).std(unbiased=False)
+    assert [s["norm_advantage"] for s in group[:3]] == pytest.approx(z.tolist())
+    assert group[3]["norm_advantage"] == pytest.approx(4.0)  # alone in its group: unchanged
+
+
+def test_value_clipping_math():
+    V, y, old = torch.tensor([1.0, 0.3]), torch.tensor([0.0, 1.0]), torch.tensor([0.5, 0.5])
+    assert value_error(V, y).tolist() == pytest.approx([1.0, 0.49])
+    # clip 0.1: V_clip = old + clip(V - old, ±0.1) = [0.6, 0.4]; max((y-V)^2, (y-V_clip)^2)
+    assert value_error(V, y, old, 0.1).tolist() == pytest.approx([max(1.0, 0.36), max(0.49, 0.36)])
+    assert value_error(torch.tensor([0.55]), torch.tensor([1.0]), torch.tensor([0.5]), 0.1).item() == \
+        pytest.approx(max(0.45 ** 2, 0.45 ** 2))
+
+
+def test_non_finite_advantage_raises(lm):
+    model, tok, head = lm
+    from stages.models import AgentState
+
+    agent = AgentState(model, tok, 1e-3, value_head=head)
+    s = {"step": 0, "turn": 0, "node_id": 0, "sample": 0, "prompt_ids": [5, 6], "completion_ids": [7],
+         "norm_advantage": float("nan"), "value_target": 1.0, "old_value": 0.0}
+    with pytest.raises(FloatingPointError, match="advantage"):
+        update_actor(agent, [s], 1, 0, 0, 0)
+
+
+# --- configs: critic sources and reference rules -------------------------------------------------
+
+
+def _cfg(tmp_path, **over):
+    cfg = small_config(tmp_path, critic={"critic_model": "tiny"})
+    cfg["trainer"] = {"num_train_epochs": 1, "agent_learning_rate": 1e-3, "max_new_tokens": 8, "num_turns": 1,
+                      "rollout_buffer_size": 2, "eval_interval": 0, "eval_num_samples": 2, "temperature": 1.0}
+    for k, v in over.items():
+        if v is None:
+            cfg.pop(k, None)
+        elif isinstance(v, dict):
+            cfg[k] = {**cfg.get(k, {}), **v}
+        else:
+            cfg[k] = v
+    return cfg
+
+
+@pytest.mark.parametrize("algo, over, msg", [
+    ("iac", {"critic": None}, "critics must be provided"),
+    ("iac", {"trainer": {"use_separate_critic": False}}, "only be provided when trainer.use_separate_critic"),
+    ("iac", {"critic": {"critic_model": None, "critics": ["tiny"]}}, "critic.critics length 1 must equal num_agents 2"),
+    ("maac", {"critic": {"critic_model": None, "critics": ["tiny", "tiny"]}}, "exactly one critic"),
+    ("maac", {"critic": None}, "critics must be provided"),
+    ("iac", {"trainer": {"num_turns": 2, "num_generations": 2}, "transition": {"name": "plain"}},
+     "requires num_generations == 1"),
+    ("iac", {"trainer": {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]}}, "requires critic_devices"),
+    ("maac", {"trainer": {"parallel_training": "auto"}}, "parallel_training must be"),
+])
+def test_actor_critic_config_errors(tmp_path, algo, over, msg):
+    with pytest.raises(ConfigError, match=msg):
+        validate_config(_cfg(tmp_path, **over), algo)
+
+
+def test_actor_critic_defaults_match_the_reference(tmp_path):
+    c = validate_config({"critic": {"critic_model": "tiny"}, "trainer": {"num_turns": 1}}, "maac").trainer
+    assert (c.rollout_buffer_size, c.value_loss_coef, c.discount, c.num_generations, c.top_k, c.num_train_epochs,
+            c.critic_type, c.logging_steps, c.critic_learning_rate) == (8, 0.6, 0.9, 1, None, 40, "v", 1, 5e-6)
+    i = validate_config({"critic": {"critic_model": "tiny"}, "trainer": {"num_turns": 1}}, "iac").trainer
+    assert (i.use_separate_critic, i.value_clip_range) == (True, 0.2)
+
+
+# --- end to end: layout, reruns, save/load round trip ---------------------------------------------
+
+
+def _weights(pol) -> dict[str, torch.Tensor]:
+    out = {}
+    for i, a in enumerate(pol.agents):
+        out.update({f"a{i}.{k}": v.clone() for k, v in a.model.state_dict().items()})
+        if a.critic is not None:
+            out.update({f"c{i}.{k}": v.clone() for k, v in a.critic.model.state_dict().items()})
+            out.update({f"c{i}.head.{k}": v.clone() for k, v in a.critic.head.state_dict().items()})
+        if a.value_head is not None:
+            out.update({f"h{i}.{k}": v.clone() for k, v in a.value_head.state_dict().items()})
+    if pol.critic is not None:
+        out.update({f"C.{k}": v.clone() for k, v in pol.critic.model.state_dict().items()})
+        out.update({f"C.head.{k}": v.clone() for k, v in pol.critic.head.state_dict().items()})
+    return out
+
+
+@pytest.mark.parametrize("algo, over, files", [
+    ("iac", {}, ["agent_0/critic/value_head.pt", "agent_1/critic/model.safetensors", "optimizer/critic_1.pt"]),
+    ("iac", {"trainer": {"use_separate_critic": False}, "critic": None}, ["agent_0/value_head.pt"]),
+    ("maac", {"trainer": {"critic_type": "q"}}, ["critic/value_head.pt", "optimizer/critic.pt"]),
+])
+def test_checkpoints_reload_and_continue_like_an_uninterrupted_run(tmp_path, algo, over, files):
+    from stages.build_taskset import build_taskset
+
+    def run(data, reload_between: bool):
+        cfg = validate_config(_cfg(data, checkpoint_every=1, **over), algo)
+        store = T.ArtifactStore(data / "artifacts")
+        ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
+        ckpt, key = None, ctx.start_key
+        LIVE.clear()
+        for i in range(len(ctx.segments)):
+            if reload_between:
+                LIVE.clear()  # the next segment loads the checkpoint from disk (weights, heads, optimizers)
+            res = T.train_segment(ctx, i, ckpt, key)
+            ckpt, key = res.checkpoint, res.checkpoint.key
+        return store.open_dir(ckpt), T.peek_policies(ctx, ckpt)
+
+    d1, pol1 = run(tmp_path / "a", False)
+    for f in files:
+        assert (d1 / f).is_file(), f
+    w1 = _weights(pol1)
+    LIVE.clear()
+    _, pol2 = run(tmp_path / "b", True)
+    w2 = _weights(pol2)
+    assert w1.keys() == w2.keys()
+    bad = [k for k in w1 if not torch.equal(w1[k], w2[k])]
+    assert not bad, bad[:5]
+    LIVE.clear()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["iac", "maac"])
+def test_actor_critic_learns_the_length_ratio_task(tmp_path, algo):
+    """The shipped IAC / MAAC configs: the shared length-ratio reward rises on the tiny model."""
+    from schemas.config import load_config
+    from stages.run_direct import run_direct
+
+    cfg = load_config(f"configs/{algo}-story.yaml", [f"data_dir={tmp_path}"], algorithm=algo)
+    LIVE.clear()
+    s = run_direct(cfg)
+    assert s["reward_last"] > s["reward_first"] + 0.2, s
+    assert s["eval"]["eval/turn_1/reward_mean"] > 0.6, s["eval"]
+    LIVE.clear()
