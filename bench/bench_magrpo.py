@@ -56,6 +56,10 @@ WORKLOADS = {
     "b": dict(model="small", K=8, tokens=64, rbs=2, items=8, epochs=1),
     "mt": dict(model="tiny", K=4, tokens=32, rbs=2, items=8, epochs=1, turns=2),
     "mts": dict(model="small", K=4, tokens=32, rbs=2, items=8, epochs=1, turns=2),
+    # actor-critic on the small model as the peer measurements run it (comlrl_peer_ac.py: K=1, 64 tok, rbs 4
+    # samples per agent, 16 items x 1, separate critics for IAC = the same small model, top_k None).
+    "iac": dict(model="small", K=1, tokens=64, rbs=4, items=16, epochs=1, algo="iac"),
+    "maac": dict(model="small", K=1, tokens=64, rbs=4, items=16, epochs=1, algo="maac"),
 }
 MT_INSTRUCTION = "Revise: agent 2 must write 2-3 times more than agent 1."
 
@@ -99,6 +103,15 @@ def coopflow_config(w: dict, taskset: Path, data_dir: Path | None, seed: int = 0
            "seed": seed}
     if w.get("turns", 1) > 1:
         cfg["transition"] = {"name": "plain", "kwargs": {"instruction": MT_INSTRUCTION}}
+    if w.get("algo") in ("iac", "maac"):
+        cfg["algorithm"] = w["algo"]
+        cfg["critic"] = {"critic_model": str(MODELS / w["model"])}
+        t = cfg["trainer"]
+        for k in ("logging_steps",):
+            t.pop(k, None)
+        t.update(top_k=None, critic_learning_rate=1e-3)
+        if t.get("parallel_training") == "mp":
+            t["critic_devices"] = ["cpu"] * (2 if w["algo"] == "iac" else 1)
     if data_dir is not None:
         cfg["data_dir"] = str(data_dir)
     return cfg
@@ -324,10 +337,15 @@ def run_peer(peer_py: Path, w: dict, timeout: float, seed: int = 0) -> dict:
     env = dict(os.environ, K=str(w["K"]), TOKENS=str(w["tokens"]), RBS=str(w["rbs"]), THREADS=str(THREADS),
                WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
     harness = "comlrl_peer.py"
+    extra: list[str] = []
+    if w.get("algo") in ("iac", "maac"):
+        harness = "comlrl_peer_ac.py"
+        extra = [w["algo"]]
+        env.update(SEPARATE="1", CRITIC_TYPE="v")
     if w.get("turns", 1) > 1:
         harness = "comlrl_peer_multiturn.py"
         env.update(TURNS=str(w["turns"]), JOINT="aligned", ET="none")
-    args = [str(MODELS / w["model"]), str(w["items"]), str(w["epochs"])]
+    args = extra + [str(MODELS / w["model"]), str(w["items"]), str(w["epochs"])]
     if seed == 0:
         cmd = [str(peer_py), harness, *args]
     else:  # the harness seeds torch with 0; run it unchanged with that one call redirected to `seed`
@@ -341,7 +359,7 @@ def run_peer(peer_py: Path, w: dict, timeout: float, seed: int = 0) -> dict:
         if "sec_per_step" in res:
             dt = res["sec_per_step"] * res["steps"]
             res["env_steps"] = round(res["env_steps_per_s"] * dt)  # = len(rewards_seen)
-        else:  # the multi-turn harness reports env_steps and env_steps/s over trainer.train()'s wall
+        else:  # the multi-turn and AC harnesses report env_steps and env_steps/s over trainer.train()'s wall
             dt = res["env_steps"] / res["env_steps_per_s"]
         res["train_seconds"] = dt
     r["result"] = res
@@ -410,6 +428,8 @@ def print_table(results: dict) -> None:
         label = f"{name}: {w['model']} K={w['K']} {w['tokens']}tok rbs{w['rbs']} {w['items']}x{w['epochs']}"
         if w.get("turns", 1) > 1:
             label += f" {w['turns']} turns"
+        if w.get("algo"):
+            label = f"{name}: {w['model']} K={w['K']} {w['tokens']}tok rbs{w['rbs']} {w['items']}x{w['epochs']}"
         for tag in [k for k in ("coopflow", "coopflow_mp") if k in r]:
             c = (r.get(tag) or {}).get("result") or {}
             ps, cs = p.get("env_steps_per_s"), c.get("env_steps_per_s")

@@ -30,7 +30,7 @@ from schemas.config import ConfigError, RunConfig, load_config
 from stages import train_online as T
 from stages.build_taskset import build_taskset
 
-STAGES = ("taskset", "train", "evaluate", "score")
+STAGES = ("taskset", "train", "evaluate", "score", "critic")
 """Stages a flow run can be limited to with `stages=[...]`; 'score' re-scores stored rollouts."""
 
 
@@ -80,6 +80,12 @@ def evaluate_task(ctx: T.RunContext, ckpt: ArtifactRef, refresh: bool) -> tuple[
     if refresh:
         ctx.store.remove("eval", T.eval_key(ctx, ckpt.key))
     return T.evaluate_checkpoint(ctx, ckpt)
+
+
+@task(name="fit-critic", cache_policy=NO_CACHE, retry_condition_fn=_no_retry_on_bad_input)
+def refit_critic_task(ctx: T.RunContext, ckpt: ArtifactRef, steps_refs: list[ArtifactRef]) -> tuple[ArtifactRef, dict]:
+    """Re-fit the trained critic(s) on the run's stored actor-critic samples (no generation)."""
+    return T.refit_critic(ctx, ckpt, steps_refs)
 
 
 @task(name="rescore", cache_policy=NO_CACHE)
@@ -161,7 +167,7 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
                     tracker.log_metrics(store.read_rows(res["metrics"]))
                 metric_refs.append(res["metrics"])
                 tracker.record(f"checkpoint.segment_{i}", ckpt)
-        elif "evaluate" in stages:
+        elif "evaluate" in stages or "critic" in stages:
             ckpt = store.find("checkpoint", run_key)
             if ckpt is None:
                 raise ConfigError("no trained checkpoint for this config yet: run the 'train' stage first")
@@ -193,6 +199,15 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
             tracker.record("eval", ev_ref, tag=True)
             tracker.log_metrics([{"key": k, "value": v, "env_step": env_steps} for k, v in ev.items()], flush=False)
             summary["eval"] = ev
+
+        # --- re-fit the critic(s) on the stored samples (actor-critic runs)
+        if "critic" in stages:
+            if ckpt is None:
+                raise ConfigError("no trained checkpoint for this config yet: run the 'train' stage first")
+            cref, cm = refit_critic_task(quote(ctx), ckpt, [r for r in steps_refs if r is not None])
+            tracker.record("critic", cref, tag=True)
+            tracker.log_metrics([{"key": k, "value": v, "env_step": env_steps} for k, v in cm.items()], flush=False)
+            summary["critic_refit"] = {**cm, "artifact": str(store.open_dir(cref))}
 
         # --- re-score stored rollouts of an earlier run with this config's reward
         if "score" in stages:

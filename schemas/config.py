@@ -335,6 +335,10 @@ class CriticConfig(_Strict):
     critic_model: str | None = Field(None, description="One critic source ('tiny', a local dir or an HF id); IAC "
                                                        "broadcasts it to every agent.")
     critics: list[str] | None = Field(None, description="Critic sources: one per agent (IAC) or exactly one (MAAC).")
+    refit_epochs: int = Field(1, ge=1, description="Passes over a run's stored ac_samples when the 'critic' stage "
+                                                   "re-fits its trained critic(s).")
+    refit_learning_rate: float | None = Field(None, gt=0, description="Learning rate of the re-fit; null = "
+                                                                       "trainer.critic_learning_rate.")
 
 
 # --- pipeline ------------------------------------------------------------------------------------
@@ -370,6 +374,9 @@ class RunConfig(_Strict):
     max_sequences: int = Field(2_000_000, ge=0, description="Refuse a run that would generate more sequences than "
                                                             "this (pre-flight budget; 0 = no limit).")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
+    metrics_callback: str | None = Field(
+        None, description="'module:function' called after every update with that update's samples (dicts: item_id, "
+                          "turn, agent, sample, prompt, completion_text, reward) -> {name: float}, logged unprefixed.")
 
     @model_validator(mode="after")
     def _post(self) -> "RunConfig":
@@ -410,6 +417,11 @@ class IACRunConfig(RunConfig):
     trainer: IACConfig = Field(default_factory=IACConfig, description="Reference IACConfig fields.")
     critic: CriticConfig = Field(default_factory=CriticConfig, description="Critic model sources.")
 
+    @field_validator("critic", mode="before")
+    @classmethod
+    def _no_critic(cls, v):
+        return {} if v is None else v
+
     @model_validator(mode="after")
     def _critics(self) -> "IACRunConfig":
         c, n = self.critic, self.agents.n
@@ -436,6 +448,11 @@ class MAACRunConfig(RunConfig):
     algorithm: Literal["maac"] = Field("maac", description="Multi-agent actor-critic (centralized critic).")
     trainer: MAACConfig = Field(default_factory=MAACConfig, description="Reference MAACConfig fields.")
     critic: CriticConfig = Field(default_factory=CriticConfig, description="The central critic's source.")
+
+    @field_validator("critic", mode="before")
+    @classmethod
+    def _no_critic(cls, v):
+        return {} if v is None else v
 
     @model_validator(mode="after")
     def _critic(self) -> "MAACRunConfig":

@@ -63,7 +63,7 @@ TABLES: dict[str, pa.Schema] = {
     ]),
 }
 
-DIR_KINDS = ("checkpoint", "model")
+DIR_KINDS = ("checkpoint", "model", "critic")
 """Artifact kinds stored as directories (HF save_pretrained dirs plus a manifest), not tables."""
 
 

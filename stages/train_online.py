@@ -402,6 +402,27 @@ def turn_metrics(scores: list[dict], rollouts: list[dict], returns: dict[tuple, 
     return out
 
 
+def domain_metrics(ctx: RunContext, rows: list[dict], scores: list[dict]) -> dict[str, float]:
+    """The user's metrics_callback over this update's samples (empty without one)."""
+    if not ctx.cfg.metrics_callback:
+        return {}
+    from stages.rewards import load_callable
+
+    fn = load_callable(ctx.cfg.metrics_callback, "metrics_callback")
+    joint = {(s["step"], s["turn"], s["node_id"], s["joint_idx"]): s for s in scores}
+    samples = []
+    for r in rows:
+        s = joint.get((r["step"], r["turn"], r["node_id"], r["sample"]))
+        reward = (s["agent_rewards"][r["agent"]] if s and s["agent_rewards"] else s["reward"] if s else None)
+        samples.append({k: r[k] for k in ("item_id", "turn", "agent", "sample", "prompt", "completion_text")}
+                       | {"reward": reward})
+    out = fn(samples)
+    if not isinstance(out, dict):
+        raise TypeError(f"metrics_callback {ctx.cfg.metrics_callback!r} must return a dict of floats, got "
+                        f"{type(out).__name__}")
+    return {str(k): float(v) for k, v in out.items()}
+
+
 def node_means(scores: list[dict]) -> list[float]:
     """Mean reward of each node (item × turn) of a scores table."""
     nodes: dict[tuple, list[float]] = {}
@@ -474,6 +495,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
                 sref, scores = score_or_load(ctx, rows, by_id, sk, base)
             if is_actor_critic(cfg):  # --- critic values, TD targets, actor + critic steps
                 aref, per_turn, um = _actor_critic_update(ctx, pol, rows, scores, keys, u, timing, t0)
+                per_turn.update(domain_metrics(ctx, rows, scores))
                 executed["update"] += 1
                 policy_key = keys.policy_after
                 means = node_means(scores)
@@ -516,6 +538,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
             # --- metrics (the reference's names, per turn, gated by logging_steps)
             per_turn = turn_metrics(scores, rows, joint_returns(scores, children, t.discount),
                                     t.reference_kl_coef if t.reference_kl_enabled else None)
+            per_turn.update(domain_metrics(ctx, rows, scores))
             means = node_means(scores)
             reward_mean = sum(means) / len(means)
             env_step = scores[-1]["env_step"]
@@ -588,8 +611,8 @@ def _epoch_metrics(ctx: RunContext, u: Update, per_turn: dict[str, float], acc: 
              "value_pred_mean": "epoch_value_pred_mean", "value_target_mean": "epoch_value_target_mean",
              "policy_loss": "epoch_policy_loss", "value_loss": "epoch_value_loss"}
     for k, v in per_turn.items():
-        turn, name = k.split("/", 1)
-        if name in names:
+        turn, _, name = k.partition("/")
+        if name in names and turn.startswith("turn_"):
             acc.setdefault(f"{turn}/{names[name]}", []).append(v)
     last_of_epoch = u.index + 1 >= len(ctx.updates) or ctx.updates[u.index + 1].epoch != u.epoch
     if not last_of_epoch:
@@ -597,6 +620,57 @@ def _epoch_metrics(ctx: RunContext, u: Update, per_turn: dict[str, float], acc: 
     out = [{"key": k, "value": sum(v) / len(v), "env_step": env_step} for k, v in sorted(acc.items())]
     acc.clear()
     return out
+
+
+def refit_critic(ctx: RunContext, ckpt: ArtifactRef, steps_refs: list[ArtifactRef]) -> tuple[ArtifactRef, dict]:
+    """Re-fit the trained critic(s) of `ckpt` on the run's stored samples (rollouts + ac_samples), no
+    generation: a `critic` artifact (agent_i/ for IAC, critic/ for MAAC) and the value loss before/after."""
+    from stages import train_ac
+    from stages.fit_critic import fit_critic, predict_values
+    from stages.models import load_critic, save_critic
+
+    cfg, t, store = ctx.cfg, ctx.cfg.trainer, ctx.store
+    if not is_actor_critic(cfg) or (cfg.algorithm == "iac" and not t.use_separate_critic):
+        raise ValueError("the 'critic' stage re-fits separate critics: it needs train-iac with use_separate_critic "
+                         "(a shared value head trains with its actor) or train-maac")
+    samples, ac_keys = [], []
+    for ref in steps_refs:
+        for step in store.read_rows(ref):
+            rows, ac = store.find("rollouts", step["rollouts"]), store.find("ac_samples", step["advantages"])
+            if rows is None or ac is None:
+                raise ArtifactError(f"stored samples of update {step['update']} not found; cannot re-fit the critic")
+            samples += train_ac.join_samples(ctx, store.read_rows(rows), store.read_rows(ac))
+            ac_keys.append(step["advantages"])
+    c = cfg.critic
+    lr = c.refit_learning_rate or t.critic_lr
+    key = key_for("critic", {"checkpoint": ckpt.key, "samples": ac_keys, "epochs": c.refit_epochs, "lr": lr,
+                             "batch": t.batch_size, "seed": cfg.seed})
+    root = store.open_dir(ckpt)
+    if cfg.algorithm == "maac":
+        jobs = [("critic", root / "critic", samples)]
+    else:
+        jobs = [(f"agent_{i}", root / f"agent_{i}" / "critic", [s for s in samples if s["agent"] == i])
+                for i in range(ctx.n)]
+    a = cfg.agents
+    crits = [(name, load_critic(src, lr, None, a.dtype, a.attn_implementation, a.device), mine)
+             for name, src, mine in jobs]
+
+    def mse(crit, mine) -> float:
+        v = predict_values(crit, mine, t.critic_type)
+        return sum((s["value_target"] - x) ** 2 for s, x in zip(mine, v)) / max(1, len(mine))
+
+    metrics = {"critic_refit/value_loss_before": sum(mse(cr, m) for _, cr, m in crits) / len(crits)}
+    found = store.find("critic", key)
+    if found is None:
+        for _, crit, mine in crits:
+            fit_critic(crit, mine, t.critic_type, t.batch_size, c.refit_epochs, 1.0, cfg.seed)
+        found = store.put_dir("critic", key, lambda d: [save_critic(crit, d / name) for name, crit, _ in crits])
+        CALLS["fit_critic"] += 1
+    else:
+        crits = [(name, load_critic(store.open_dir(found) / name, lr, None, a.dtype, a.attn_implementation, a.device),
+                  mine) for name, _, mine in crits]
+    metrics["critic_refit/value_loss_after"] = sum(mse(cr, m) for _, cr, m in crits) / len(crits)
+    return found, metrics
 
 
 def rescore(ctx: RunContext, steps_refs: list[ArtifactRef]) -> list[dict]:

@@ -41,3 +41,9 @@ def one_prompt_transition(*, prompt, agent_completions, num_agents, **_):
 def turn_tagged_reward(prompts, c1, c2):
     """1.0 on turn-2 prompts (they contain 'Previous answers'), 0.25 on turn 1: makes turns tell apart."""
     return [1.0 if "Previous answers" in prompts[0] else 0.25]
+
+
+def char_length_metrics(samples):
+    """A metrics_callback: mean completion length in characters (the reference's tldr example)."""
+    return {"response_char_length_mean": sum(len(s["completion_text"]) for s in samples) / len(samples),
+            "samples_seen": float(len(samples))}

@@ -223,3 +223,41 @@ def test_actor_critic_learns_the_length_ratio_task(tmp_path, algo):
     assert s["reward_last"] > s["reward_first"] + 0.2, s
     assert s["eval"]["eval/turn_1/reward_mean"] > 0.6, s["eval"]
     LIVE.clear()
+
+
+def test_metrics_callback_domain_metrics_are_logged_per_update(tmp_path):
+    from stages.build_taskset import build_taskset
+
+    cfg = validate_config(_cfg(tmp_path, metrics_callback="tests.helpers:char_length_metrics"), "maac")
+    store = T.ArtifactStore(tmp_path / "artifacts")
+    ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
+    LIVE.clear()
+    res = T.train_segment(ctx, 0, None, ctx.start_key)
+    rows = [r for r in store.read_rows(res.metrics) if r["key"] in ("response_char_length_mean", "samples_seen")]
+    assert [r["env_step"] for r in rows if r["key"] == "samples_seen"] == [2, 4]  # one per update (2 items each)
+    assert all(r["value"] == 4.0 for r in rows if r["key"] == "samples_seen")  # 2 items x 2 agents x K=1
+    LIVE.clear()
+
+
+@pytest.mark.parametrize("algo", ["iac", "maac"])
+def test_refit_critic_from_stored_samples_lowers_value_loss_without_generating(tmp_path, algo):
+    from stages.build_taskset import build_taskset
+    from stages.run_direct import run_direct
+
+    cfg = validate_config(_cfg(tmp_path, critic={"critic_model": "tiny", "refit_epochs": 8,
+                                                 "refit_learning_rate": 3e-3}), algo)
+    LIVE.clear()
+    run_direct(cfg)
+    store = T.ArtifactStore(tmp_path / "artifacts")
+    ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
+    ends = T.segment_end_keys(ctx)
+    before = dict(T.CALLS)
+    ref, m = T.refit_critic(ctx, store.find("checkpoint", ends[-1]), [store.find("steps", k) for k in ends])
+    assert T.CALLS["generate"] == before["generate"] and T.CALLS["fit_critic"] == before.get("fit_critic", 0) + 1
+    assert m["critic_refit/value_loss_after"] < m["critic_refit/value_loss_before"]
+    names = ["critic"] if algo == "maac" else ["agent_0", "agent_1"]
+    assert all((store.open_dir(ref) / n / "value_head.pt").is_file() for n in names)
+    again, m2 = T.refit_critic(ctx, store.find("checkpoint", ends[-1]), [store.find("steps", k) for k in ends])
+    assert again.key == ref.key and T.CALLS["fit_critic"] == before.get("fit_critic", 0) + 1  # cached: not refit
+    assert m2["critic_refit/value_loss_after"] == pytest.approx(m["critic_refit/value_loss_after"], abs=1e-5)
+    LIVE.clear()

@@ -171,3 +171,6 @@ def test_actor_critic_flows_log_the_reference_metric_names(prefect_harness, tmp_
     if algo == "maac":
         assert "turn_1/epoch_reward_mean" in names and "turn_1/epoch_value_loss" in names
     assert run.data.params["algorithm"] == algo and run.data.params["critic.critic_model"] == "tiny"
+    LIVE.clear()
+    again = FLOWS[f"train-{algo}"](config=cfg, stages=["critic"])  # re-fit the critic(s) from stored samples
+    assert again["executed"] == {"fit_critic": 1} and "critic_refit/value_loss_after" in again["critic_refit"]
