@@ -261,3 +261,24 @@ def test_refit_critic_from_stored_samples_lowers_value_loss_without_generating(t
     assert again.key == ref.key and T.CALLS["fit_critic"] == before.get("fit_critic", 0) + 1  # cached: not refit
     assert m2["critic_refit/value_loss_after"] == pytest.approx(m["critic_refit/value_loss_after"], abs=1e-5)
     LIVE.clear()
+
+
+@pytest.mark.parametrize("algo, devices", [("iac", {"critic_devices": ["cpu", "cpu"]}), ("maac", {"critic_devices": "cpu"})])
+def test_mp_workers_match_in_process_actor_critic(tmp_path, algo, devices):
+    """IAC critics live in the agents' worker processes, MAAC's critic in the main one: same results as in-process."""
+    from safetensors.torch import load_file
+
+    from stages.run_direct import run_direct
+
+    LIVE.clear()
+    local = run_direct(validate_config(_cfg(tmp_path / "local"), algo))
+    LIVE.clear()
+    par = run_direct(validate_config(_cfg(tmp_path / "mp", trainer={"parallel_training": "mp",
+                                                                      "agent_devices": ["cpu", "cpu"], **devices}), algo))
+    LIVE.clear()
+    assert par["reward_last"] == local["reward_last"] and par["eval"] == local["eval"]
+    sub = "agent_1/critic" if algo == "iac" else "critic"
+    for d in ("agent_1", sub):
+        wl = load_file(f"{local['checkpoint']}/{d}/model.safetensors")
+        wp = load_file(f"{par['checkpoint']}/{d}/model.safetensors")
+        assert all(torch.allclose(wl[k], wp[k], atol=1e-5) for k in wl), d
