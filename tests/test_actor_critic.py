@@ -282,3 +282,33 @@ def test_mp_workers_match_in_process_actor_critic(tmp_path, algo, devices):
         wl = load_file(f"{local['checkpoint']}/{d}/model.safetensors")
         wp = load_file(f"{par['checkpoint']}/{d}/model.safetensors")
         assert all(torch.allclose(wl[k], wp[k], atol=1e-5) for k in wl), d
+
+
+@pytest.mark.parametrize("algo", ["iac", "maac"])
+def test_multi_turn_actor_critic_with_reference_kl_runs_td_targets_over_turns(tmp_path, algo):
+    from stages.build_taskset import build_taskset
+    from stages.run_direct import run_direct
+
+    cfg = validate_config(_cfg(tmp_path, transition={"name": "plain"},
+                               trainer={"num_turns": 2, "early_termination_threshold": None,
+                                        "reference_kl_enabled": True, "reference_kl_coef": 0.5}), algo)
+    LIVE.clear()
+    s = run_direct(cfg)
+    assert s["env_steps"] == 4 * 2 and set(s["eval"]) >= {"eval/turn_2/reward_mean"}
+    store = T.ArtifactStore(tmp_path / "artifacts")
+    ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
+    steps = store.read_rows(store.find("steps", T.segment_end_keys(ctx)[-1]))
+    ac = [r for st in steps for r in store.read_rows(store.find("ac_samples", st["advantages"]))]
+    by = {(r["item_id"], r["agent"], r["turn"]): r for r in ac}
+    for (item, agent, turn), r in by.items():
+        assert r["shaped_reward"] == pytest.approx(r["reward"] - 0.5 * r["ref_kl"])
+        if turn == 0:  # TD(0) onto the next turn's old value; the MC return adds gamma * G_1
+            nxt = by[(item, agent, 1)]
+            assert r["value_target"] == pytest.approx(r["shaped_reward"] + 0.9 * nxt["old_value"])
+            assert r["mc_return"] == pytest.approx(r["shaped_reward"] + 0.9 * nxt["mc_return"])
+        else:
+            assert r["value_target"] == pytest.approx(r["shaped_reward"])
+    assert any(r["ref_kl"] > 0 for r in ac)  # the policy moved away from its frozen reference after update 1
+    keys = {r["key"] for r in store.read_rows(store.find("metrics", T.segment_end_keys(ctx)[-1]))}
+    assert {"turn_2/value_loss", "turn_2/reference_kl_mean", "turn_1/expected_return"} <= keys
+    LIVE.clear()
