@@ -467,7 +467,99 @@ class MAACRunConfig(RunConfig):
         return [self.critic.critic_model or self.critic.critics[0]]  # type: ignore[index]
 
 
-RUN_CONFIGS: dict[str, type[RunConfig]] = {"iac": IACRunConfig, "maac": MAACRunConfig}
+# --- preference learning (the reference's MADPOConfig / MARLHFConfig) ------------------------------
+
+
+PAIR_SELECTIONS = ("reward_gap", "random", "all")
+RL_ALIASES = {"magrpo": "magrpo", "mareinforce": "mareinforce", "mareforce": "mareinforce", "maremax": "maremax",
+              "marloo": "marloo", "maac": "maac", "iac": "iac"}
+
+
+class MADPOConfig(MAGRPOConfig):
+    """CoMLRL 1.4.3 `MADPOConfig` (spec §6.4): MAGRPOConfig's fields with single-turn defaults plus preferences."""
+
+    num_train_epochs: int = Field(20, ge=1, description="Passes over the preference pairs (DPO) / RL epochs (MARLHF).")
+    num_turns: int = Field(1, ge=1, le=1, description="Must be 1: the preference trainers are single-turn.")
+    early_termination_threshold: float | None = Field(None, description="Unused (single turn).")
+    collaboration_mode: str = Field("decentralized", description="decentralized: one policy per agent (the "
+                                                                  "centralized joint actor is not supported here).")
+    preference_num_candidates: int = Field(80, ge=2, description="P joint candidates sampled per item (aligned).")
+    preference_pairs_per_sample: int | None = Field(16, ge=1, description="Pairs kept per item (null = all; must be "
+                                                                          "null with pair_selection 'all').")
+    pair_selection: Literal["reward_gap", "random", "all"] = Field(
+        "reward_gap", description="reward_gap: largest reward gaps first | random: seeded shuffle | all: every pair.")
+    dpo_beta: float = Field(0.1, gt=0, description="DPO inverse temperature beta.")
+    use_environment_step: bool = Field(True, description="Advance env_step by environment_steps_per_pair per pair.")
+    environment_steps_per_pair: int = Field(2, ge=1, description="env_steps one preference pair counts for.")
+
+    @model_validator(mode="after")
+    def _post_pref(self) -> "MADPOConfig":
+        if self.joint_mode != "aligned":
+            raise ValueError("preference learning supports joint_mode 'aligned' only")
+        if self.collaboration_mode != "decentralized":
+            raise ValueError(f"collaboration_mode {self.collaboration_mode!r} is not supported; use 'decentralized'")
+        if self.pair_selection == "all" and self.preference_pairs_per_sample is not None:
+            raise ValueError("pair_selection 'all' requires preference_pairs_per_sample: null")
+        return self
+
+
+class MARLHFConfig(MADPOConfig):
+    """CoMLRL 1.4.3 `MARLHFConfig` (spec §6.5): a joint reward model fit on the pairs, then online RL on it."""
+
+    rl_algorithm: str = Field("magrpo", description="RL backend on the frozen reward model: magrpo | mareinforce | "
+                                                    "maremax | marloo | maac | iac (alias mareforce).")
+    num_generations: int = Field(4, ge=1, description="K samples per agent in the RL phase (>= 2 for the MAGRPO "
+                                                      "family, >= 1 for maac/iac).")
+    reward_model_name: str | None = Field(None, description="Reward-model backbone ('tiny', dir or HF id); null = "
+                                                            "the agents' model.")
+    reward_model_device: str | None = Field(None, description="Device of the reward model; null = agents.device "
+                                                              "(the reference defaults to cuda:0).")
+    reward_learning_rate: float = Field(1e-5, gt=0, description="AdamW learning rate of the reward model.")
+    reward_num_train_epochs: int = Field(1, ge=1, description="Passes over the pairs when fitting the reward model.")
+    reward_train_batch_size: int = Field(1, ge=1, description="Pairs per reward-model step.")
+    reward_max_length: int | None = Field(None, ge=1, description="Truncate reward-model inputs to this many tokens.")
+    reward_freeze_backbone: bool = Field(False, description="Train only the linear head of the reward model.")
+    critic_model_name: str | None = Field(None, description="Critic source for maac/iac; null = the agents' model.")
+    critic_learning_rate: float | None = Field(None, gt=0, description="Critic lr for maac/iac; null = agent lr.")
+    critic_devices: str | list[str] | None = Field(None, description="Critic devices for maac/iac in mp.")
+    use_separate_critic: bool = Field(True, description="iac backend: separate critics (else value heads).")
+    critic_type: Literal["v", "q"] = Field("v", description="maac/iac backend critic type.")
+    value_loss_coef: float = Field(0.6, gt=0, description="maac/iac backend value-loss weight.")
+    value_clip_range: float | None = Field(0.2, gt=0, description="iac backend value clipping (shared-head mode).")
+    critic_value_head_hidden_dim: int | None = Field(None, ge=1, description="maac/iac critic head hidden dim.")
+    value_head_hidden_dim: int | None = Field(None, ge=1, description="iac shared-head hidden dim.")
+
+    @field_validator("rl_algorithm")
+    @classmethod
+    def _rl(cls, v: str) -> str:
+        key = str(v).lower()
+        if key not in RL_ALIASES:
+            raise ValueError(f"rl_algorithm must be one of magrpo, mareinforce, maremax, marloo, maac, iac; got {v!r}")
+        return RL_ALIASES[key]
+
+    @model_validator(mode="after")
+    def _post_rlhf(self) -> "MARLHFConfig":
+        if self.rl_algorithm not in ("maac", "iac") and self.num_generations < 2:
+            raise ValueError(f"num_generations must be >= 2 for rl_algorithm {self.rl_algorithm!r}")
+        return self
+
+
+class MADPORunConfig(RunConfig):
+    """A coopflow MADPO run: candidates → scores → pairs → joint-factorized DPO → evaluate."""
+
+    algorithm: Literal["madpo"] = Field("madpo", description="Offline multi-agent DPO.")
+    trainer: MADPOConfig = Field(default_factory=MADPOConfig, description="Reference MADPOConfig fields.")
+
+
+class MARLHFRunConfig(RunConfig):
+    """A coopflow MARLHF run: candidates → scores → pairs → joint reward model → online RL on it → evaluate."""
+
+    algorithm: Literal["marlhf"] = Field("marlhf", description="Joint reward model + online MARL.")
+    trainer: MARLHFConfig = Field(default_factory=MARLHFConfig, description="Reference MARLHFConfig fields.")
+
+
+RUN_CONFIGS: dict[str, type[RunConfig]] = {"iac": IACRunConfig, "maac": MAACRunConfig, "madpo": MADPORunConfig,
+                                           "marlhf": MARLHFRunConfig}
 """Run config class per algorithm (the MAGRPO family uses RunConfig)."""
 
 

@@ -13,6 +13,7 @@ Kinds:
 - eval         one row per (eval item, agent): the single-path completion and the joint reward
 - ac_samples   actor-critic: one row per (step, node, agent, sample): reward, KL, old value, TD target,
                MC return, advantage (raw and normalized) — what the actor and critic updates consume
+- pairs        preference learning: one row per (pair, agent) with TRL-style prompt / chosen / rejected
 - steps        a training manifest: one row per update with the keys of its rollouts/scores/advantages
 """
 
@@ -52,6 +53,12 @@ TABLES: dict[str, pa.Schema] = {
         ("step", _i64), ("item_id", _i64), ("turn", _i32), ("node_id", _i64), ("agent", _i32), ("sample", _i32),
         ("return", _f64), ("advantage", _f64),
     ]),
+    "pairs": _schema("pairs", [  # one row per (pair, agent); prompt/chosen/rejected are TRL's DPO columns
+        ("pair_id", _i64), ("item_id", _i64), ("agent", _i32), ("winner", _i32), ("loser", _i32),
+        ("winner_reward", _f64), ("loser_reward", _f64), ("candidate_reward_mean", _f64),
+        ("prompt", _str), ("chosen", _str), ("rejected", _str),
+        ("prompt_ids", pa.list_(_i32)), ("chosen_ids", pa.list_(_i32)), ("rejected_ids", pa.list_(_i32)),
+    ]),
     "metrics": _schema("metrics", [("key", _str), ("value", _f64), ("env_step", _i64)]),
     "eval": _schema("eval", [
         ("item_id", _i64), ("turn", _i32), ("agent", _i32), ("prompt", _str), ("completion_text", _str),
@@ -63,7 +70,7 @@ TABLES: dict[str, pa.Schema] = {
     ]),
 }
 
-DIR_KINDS = ("checkpoint", "model", "critic")
+DIR_KINDS = ("checkpoint", "model", "critic", "reward_model")
 """Artifact kinds stored as directories (HF save_pretrained dirs plus a manifest), not tables."""
 
 

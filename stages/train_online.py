@@ -129,6 +129,15 @@ class RunContext:
     episode: Episode = field(default_factory=Episode)
     transition_id: dict | None = None
     warnings: list[str] = field(default_factory=list)
+    eval_caller: RewardCaller | None = None  # MARLHF: the task reward for evaluation (training uses the RM)
+    eval_processor: object = None
+    eval_reward_id: dict | None = None
+
+    def eval_reward(self) -> tuple[RewardCaller, object, dict]:
+        """(caller, processor, identity) of the reward evaluations use: always the task reward."""
+        if self.eval_caller is not None:
+            return self.eval_caller, self.eval_processor, self.eval_reward_id
+        return self.caller, self.processor, self.reward_id
 
     @property
     def n(self) -> int:
@@ -178,14 +187,19 @@ def resolve_model_sources(sources: list[str], cfg: RunConfig, store: ArtifactSto
 
 
 def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sources: list[str] | None = None,
-                 source_ident: dict | None = None) -> RunContext:
-    """Resolve config + taskset into a RunContext (loads no model)."""
+                 source_ident: dict | None = None, reward_override: tuple | None = None) -> RunContext:
+    """Resolve config + taskset into a RunContext (loads no model).
+
+    `reward_override` = (reward function, identity): train on another reward (MARLHF's frozen reward
+    model) while evaluations keep the task reward.
+    """
     if sources is None:
         sources, source_ident = resolve_sources(cfg, store)
     t = cfg.trainer
     train = load_items(store, taskset, "train")
     evals = load_items(store, taskset, "eval")
-    caller = RewardCaller(resolve_reward(cfg.reward.name, cfg.reward.kwargs), cfg.agents.n)
+    task_caller = RewardCaller(resolve_reward(cfg.reward.name, cfg.reward.kwargs), cfg.agents.n)
+    caller = RewardCaller(reward_override[0], cfg.agents.n) if reward_override else task_caller
     sampling = SamplingConfig(t.num_generations, t.max_new_tokens, t.temperature, t.top_p, t.top_k)
     ac = is_actor_critic(cfg)
     init: dict = {"init": source_ident}
@@ -220,6 +234,9 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
                                             processed_range(caller.fn, cfg.reward.reward_range, ctx.processor))
     if warn:
         ctx.warnings.append(warn)
+    if reward_override:
+        ctx.eval_caller, ctx.eval_processor, ctx.eval_reward_id = task_caller, ctx.processor, ctx.reward_id
+        ctx.reward_id, ctx.processor = reward_override[1], resolve_processor(None)
     return ctx
 
 
@@ -468,8 +485,9 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
             # --- periodic evaluation (before the update whose items cross an eval_interval boundary)
             if t.eval_interval and t.eval_num_samples and any(i % t.eval_interval == 0 for i in u.item_ids):
                 t0 = time.perf_counter()
-                _, em = evaluate(pol, ctx.eval_items[:t.eval_num_samples], fmts, ctx.sampling, ctx.caller,
-                                 ctx.processor, derive_seed(cfg.seed, "eval", u.index), ctx.episode)
+                ecaller, eproc, _ = ctx.eval_reward()
+                _, em = evaluate(pol, ctx.eval_items[:t.eval_num_samples], fmts, ctx.sampling, ecaller,
+                                 eproc, derive_seed(cfg.seed, "eval", u.index), ctx.episode)
                 CALLS["evaluate"] += 1
                 timing["eval_s"] += time.perf_counter() - t0
                 metric_rows += [{"key": k, "value": v, "env_step": base} for k, v in em.items()]
@@ -726,7 +744,7 @@ def eval_key(ctx: RunContext, ckpt_key: str) -> str:
     items = ctx.eval_items[:t.eval_num_samples] if t.eval_num_samples else ctx.eval_items
     fmt = [ctx.cfg.formatter_for(i).model_dump() for i in range(ctx.n)]
     spec = {"checkpoint": ckpt_key, "items": items_digest(items), "sampling": ctx.sampling.__dict__,
-            "reward": ctx.reward_id, "formatters": fmt, "seed": ctx.cfg.seed}
+            "reward": ctx.eval_reward()[2], "formatters": fmt, "seed": ctx.cfg.seed}
     if t.num_turns > 1:
         spec["episode"] = {"turns": t.num_turns, "transition": ctx.transition_id, "discount": t.discount,
                            "passthrough": t.external_prompt_passthrough}
@@ -742,7 +760,8 @@ def evaluate_checkpoint(ctx: RunContext, ckpt: ArtifactRef) -> tuple[ArtifactRef
     if found is not None:
         return found, eval_metrics(ctx.store.read_rows(found))
     pol = peek_policies(ctx, ckpt)
-    rows, metrics = evaluate(pol, items, formatters_for(ctx, pol), ctx.sampling, ctx.caller, ctx.processor,
+    ecaller, eproc, _ = ctx.eval_reward()
+    rows, metrics = evaluate(pol, items, formatters_for(ctx, pol), ctx.sampling, ecaller, eproc,
                              derive_seed(ctx.cfg.seed, "final-eval"), ctx.episode)
     CALLS["evaluate"] += 1
     return ctx.store.put_table("eval", key, rows), metrics
