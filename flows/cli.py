@@ -20,7 +20,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-FLOW_NAMES = ("train-magrpo", "train-mareinforce", "train-marloo", "train-maremax", "train-iac", "train-maac")
+FLOW_NAMES = ("train-magrpo", "train-mareinforce", "train-marloo", "train-maremax", "train-iac", "train-maac", "train-madpo",
+              "train-marlhf")
 
 
 def _parser() -> argparse.ArgumentParser:

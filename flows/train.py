@@ -269,6 +269,123 @@ def _log_run_files(tracker: Tracker, store: ArtifactStore, cfg: RunConfig, summa
     tracker.log_files(files)
 
 
+# --- preference learning (MADPO, MARLHF) --------------------------------------------------------
+
+
+@task(name="generate-candidates", cache_policy=NO_CACHE, retries=1, retry_condition_fn=_no_retry_on_bad_input)
+def candidates_task(ctx: T.RunContext) -> tuple[ArtifactRef, ArtifactRef]:
+    """P aligned joint candidates per item, scored with the task reward."""
+    from stages import train_preference as P
+
+    return P.generate_candidates(ctx)
+
+
+@task(name="build-pairs", cache_policy=NO_CACHE)
+def pairs_task(ctx: T.RunContext, cand: ArtifactRef, scores: ArtifactRef) -> ArtifactRef:
+    """Preference pairs (ties dropped, selected by pair_selection)."""
+    from stages import train_preference as P
+
+    return P.make_pairs(ctx, cand, scores)
+
+
+@task(name="dpo-update", cache_policy=NO_CACHE, retries=1, retry_condition_fn=_no_retry_on_bad_input)
+def dpo_task(ctx: T.RunContext, pairs: ArtifactRef, show_progress: bool) -> dict:
+    """Joint-factorized DPO over the pairs -> checkpoint, metrics."""
+    from stages import train_preference as P
+
+    return P.train_dpo(ctx, pairs, show_progress)
+
+
+@task(name="fit-reward-model", cache_policy=NO_CACHE, retries=1, retry_condition_fn=_no_retry_on_bad_input)
+def reward_model_task(ctx: T.RunContext, pairs: ArtifactRef) -> tuple[ArtifactRef, dict]:
+    """Bradley-Terry joint reward model on the pairs."""
+    from stages import train_preference as P
+
+    return P.fit_rm(ctx, pairs)
+
+
+def _no_pref_option(rescore_from, continue_run, algorithm: str) -> None:
+    if rescore_from or continue_run:
+        raise ConfigError(f"train-{algorithm} does not take rescore_from / continue_run (its stages are cached by "
+                          "key: rerunning the same config reuses them)")
+
+
+def run_preference(algorithm: str, config: dict | None, config_path: str | None, overrides, stages, refresh,
+                   show_progress: bool) -> dict:
+    """MADPO / MARLHF: candidates -> pairs -> (DPO | reward model -> RL) -> evaluate, tracked in MLflow."""
+    from stages import train_preference as P
+
+    cfg = load_config(config_path, overrides, algorithm=algorithm, base=config)
+    stages = list(stages or ["taskset", "train", "evaluate"])
+    refresh = list(refresh or [])
+    bad = [s for s in stages + refresh if s not in ("taskset", "train", "evaluate")]
+    if bad:
+        raise ConfigError(f"unknown stage(s) {bad} for train-{algorithm}; choose from ['taskset', 'train', 'evaluate']")
+    logger = get_run_logger()
+    data = cfg.resolved_data_dir()
+    store = ArtifactStore(data / "artifacts")
+    store.clean_temp()
+    calls0 = dict(T.CALLS)
+    tr = cfg.tracking
+    tracker = Tracker(tr.tracking_uri or f"sqlite:///{data / 'mlflow.db'}", tr.experiment, tr.enabled)
+    taskset = build_taskset_task(cfg, quote(store))
+    ctx = P.preference_context(cfg, store, taskset)
+    run_id = tracker.start(tr.run_name or f"{algorithm}-{P.pairs_key(ctx)[:8]}", {"coopflow.algorithm": algorithm},
+                           cfg.model_dump(mode="json"))
+    logger.info("%s: %s, pairs key %s, mlflow run %s", algorithm, ctx.budget.describe(), P.pairs_key(ctx), run_id)
+    ok = False
+    try:
+        summary: dict[str, Any] = {"algorithm": algorithm, "mlflow_run_id": run_id, "budget": ctx.budget.as_dict()}
+        tracker.record("taskset", taskset, tag=True)
+        cand, scores = candidates_task(quote(ctx))
+        pairs = pairs_task(quote(ctx), cand, scores)
+        for kind, ref in (("rollouts", cand), ("scores", scores), ("pairs", pairs)):
+            tracker.record(kind, ref, tag=True)
+        summary["pair_count"] = len({r["pair_id"] for r in store.read_rows(pairs)})
+        env_steps, eval_ctx, ckpt = 0, ctx, None
+        if algorithm == "madpo":
+            res = dpo_task(quote(ctx), pairs, show_progress)
+            ckpt = res["checkpoint"]
+            rows = store.read_rows(res["metrics"])
+            tracker.log_metrics(rows)
+            env_steps = max((r["env_step"] for r in rows), default=0)
+            summary["run_key"] = ckpt.key
+        else:
+            rm_ref, rm_metrics = reward_model_task(quote(ctx), pairs)
+            tracker.record("reward_model", rm_ref, tag=True)
+            tracker.log_metrics([{"key": k, "value": v, "env_step": 0} for k, v in rm_metrics.items()])
+            summary["reward_model"] = {**rm_metrics, "artifact": str(store.open_dir(rm_ref))}
+            rctx = P.rl_context(ctx, rm_ref)
+            ends = T.segment_end_keys(rctx)
+            key, rewards = rctx.start_key, []
+            for i, end in enumerate(ends):
+                res = train_segment_task(quote(rctx), i, ckpt, key, end, show_progress)
+                ckpt, key = res["checkpoint"], end
+                tracker.log_metrics(store.read_rows(res["metrics"]))
+                steps = store.read_rows(res["steps"])
+                rewards += [r["reward_mean"] for r in steps]
+                env_steps = steps[-1]["env_step"] if steps else env_steps
+            first, last = T.first_last_fifth(rewards)
+            summary.update(rm_reward_first=first, rm_reward_last=last, run_key=ckpt.key)
+            eval_ctx = rctx
+        tracker.record("checkpoint.final", ckpt, tag=True)
+        summary.update(env_steps=env_steps, checkpoint=str(store.open_dir(ckpt)))
+        if "evaluate" in stages:  # always with the task reward
+            if "evaluate" in refresh:
+                store.remove("eval", T.eval_key(eval_ctx, ckpt.key))
+            ev_ref, ev = evaluate_task(quote(eval_ctx), ckpt, False)
+            tracker.record("eval", ev_ref, tag=True)
+            tracker.log_metrics([{"key": k, "value": v, "env_step": env_steps} for k, v in ev.items()], flush=False)
+            summary["eval"] = ev
+        summary["executed"] = {k: v - calls0.get(k, 0) for k, v in T.CALLS.items() if v - calls0.get(k, 0)}
+        _log_run_files(tracker, store, cfg, summary, [], None)
+        tracker.log_metrics([{"key": "final_model_saved", "value": 1.0, "env_step": env_steps}])
+        ok = True
+        return summary
+    finally:
+        tracker.finish(ok)
+
+
 # --- the four flows (same graph, different default advantage mode) -----------------------------
 
 
@@ -340,6 +457,26 @@ def train_maac(config: dict | None = None, config_path: str | None = None,
                         continue_run)
 
 
+@flow(name="train-madpo", flow_run_name=_run_name, log_prints=True)
+def train_madpo(config: dict | None = None, config_path: str | None = None,
+                overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
+                refresh: list[str] | None = None, show_progress: bool = False, rescore_from: str | None = None,
+                continue_run: str | None = None) -> dict:
+    """MADPO: offline joint-factorized DPO on task-reward preference pairs."""
+    _no_pref_option(rescore_from, continue_run, "madpo")
+    return run_preference("madpo", config, config_path, overrides, stages, refresh, show_progress)
+
+
+@flow(name="train-marlhf", flow_run_name=_run_name, log_prints=True)
+def train_marlhf(config: dict | None = None, config_path: str | None = None,
+                 overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
+                 refresh: list[str] | None = None, show_progress: bool = False, rescore_from: str | None = None,
+                 continue_run: str | None = None) -> dict:
+    """MARLHF: joint reward model on preference pairs, then online MARL on it (eval on the task reward)."""
+    _no_pref_option(rescore_from, continue_run, "marlhf")
+    return run_preference("marlhf", config, config_path, overrides, stages, refresh, show_progress)
+
+
 FLOWS = {"train-magrpo": train_magrpo, "train-mareinforce": train_mareinforce,
          "train-marloo": train_marloo, "train-maremax": train_maremax, "train-iac": train_iac,
-         "train-maac": train_maac}
+         "train-maac": train_maac, "train-madpo": train_madpo, "train-marlhf": train_marlhf}
