@@ -99,8 +99,9 @@ def config_reference() -> str:
     """Markdown table of every config field: dotted path, default, one-line doc."""
     from pydantic_core import PydanticUndefined
 
-    from schemas.config import (AgentsConfig, CriticConfig, FormatterConfig, IACConfig, MAACConfig, MAGRPOConfig,
-                                RewardConfig, RunConfig, TasksetConfig, TrackingConfig, TransitionConfig)
+    from schemas.config import (AgentsConfig, CriticConfig, FormatterConfig, IACConfig, MAACConfig, MADPOConfig,
+                                MAGRPOConfig, MARLHFConfig, RewardConfig, RunConfig, TasksetConfig, TrackingConfig,
+                                TransitionConfig)
 
     def show(v) -> str:
         return "`" + json.dumps(v) + "`"
@@ -132,6 +133,16 @@ def config_reference() -> str:
     for r in rows[2:]:
         name = r.split("`")[1].removeprefix("trainer.")
         out.append(r.replace("` |", "` (IAC only) |", 1) if name in iac_only else r)
+    out += ["", "Preference learning (`train-madpo`, `train-marlhf`): the `trainer` section is the reference's "
+                "`MADPOConfig` / `MARLHFConfig` — `MAGRPOConfig`'s fields (above; `num_turns` must be 1 and defaults "
+                "to 1) plus:", ""]
+    rows = table([(MARLHFConfig, "trainer.")], skip={("trainer.", n) for n in MAGRPOConfig.model_fields
+                                                   if n not in ("num_train_epochs", "num_turns", "num_generations",
+                                                                "early_termination_threshold")})
+    madpo_fields = set(MADPOConfig.model_fields)
+    for r in rows:
+        name = r.split("`")[1].removeprefix("trainer.") if r.startswith("| `") else ""
+        out.append(r.replace("` |", "` (MARLHF) |", 1) if name and name not in madpo_fields else r)
     return "\n".join(out)
 
 

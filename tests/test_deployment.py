@@ -69,6 +69,19 @@ def test_deployment_run_completes(tmp_path):
             assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
             ckpts = [p for p in (data / "artifacts" / "checkpoint").iterdir() if not p.name.startswith(".")]
             assert len(ckpts) == 1 and (ckpts[0] / critic_file).is_file()
+        for algo in ("madpo", "marlhf"):  # the preference deployments
+            data = tmp_path / f"data-{algo}"
+            cfg = small_config(data)
+            cfg["trainer"] = {"num_train_epochs": 1, "max_new_tokens": 8, "preference_num_candidates": 4,
+                              "preference_pairs_per_sample": 2, "train_batch_size": 2, "eval_interval": 0,
+                              "eval_num_samples": 2, "temperature": 1.0}
+            if algo == "marlhf":
+                cfg["trainer"].update(num_generations=2, rollout_buffer_size=2)
+            run = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", f"train-{algo}/local",
+                                  "--params", json.dumps({"config": cfg}), "--watch", "--watch-timeout", "400"],
+                                 env=env, capture_output=True, text=True, timeout=600)
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+            assert any((data / "artifacts" / "pairs").iterdir())
     finally:
         for p in reversed(procs):
             try:

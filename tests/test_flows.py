@@ -174,3 +174,36 @@ def test_actor_critic_flows_log_the_reference_metric_names(prefect_harness, tmp_
     LIVE.clear()
     again = FLOWS[f"train-{algo}"](config=cfg, stages=["critic"])  # re-fit the critic(s) from stored samples
     assert again["executed"] == {"fit_critic": 1} and "critic_refit/value_loss_after" in again["critic_refit"]
+
+
+@pytest.mark.parametrize("algo", ["madpo", "marlhf"])
+def test_preference_flows_track_pairs_and_rerun_only_downstream(prefect_harness, tmp_path, algo):
+    from mlflow.tracking import MlflowClient
+
+    from flows.train import FLOWS
+
+    cfg = small_config(tmp_path)
+    cfg["trainer"] = {"num_train_epochs": 1, "agent_learning_rate": 1e-3, "max_new_tokens": 8, "temperature": 1.0,
+                      "preference_num_candidates": 4, "preference_pairs_per_sample": 2, "train_batch_size": 2,
+                      "eval_interval": 0, "eval_num_samples": 2, "logging_steps": 1}
+    if algo == "marlhf":
+        cfg["trainer"].update(num_generations=2, rollout_buffer_size=2)
+    LIVE.clear()
+    s = FLOWS[f"train-{algo}"](config=cfg)
+    assert s["executed"]["generate"] >= 1 and s["pair_count"] >= 1 and "eval/turn_1/reward_mean" in s["eval"]
+    run = MlflowClient(tracking_uri=f"sqlite:///{cfg['data_dir']}/mlflow.db").get_run(s["mlflow_run_id"])
+    names = set(run.data.metrics)
+    if algo == "madpo":
+        assert {"rewards/margins", "rewards/accuracies", "turn_1/reward_mean", "dpo/loss"} <= names
+        over = {"trainer.dpo_beta": 0.2}
+    else:
+        assert {"reward_model/accuracy", "reward_model/margin", "turn_1/reward_mean"} <= names
+        over = {"trainer.reward_learning_rate": 3e-5}
+    assert run.data.tags["lineage.pairs"].startswith("pairs/")
+    LIVE.clear()
+    again = FLOWS[f"train-{algo}"](config=cfg, overrides=over)
+    assert "pairs" not in again["executed"]  # candidates, scores and pairs come from the store
+    if algo == "madpo":
+        assert "generate" not in again["executed"] and "score" not in again["executed"]
+    else:  # the RL phase scores with the new reward model; only its second update generates anew
+        assert again["executed"]["fit_reward_model"] == 1 and again["executed"]["generate"] == 1

@@ -176,3 +176,23 @@ def test_marlhf_reruns_only_the_reward_model_and_downstream(tmp_path):
     assert d["generate"] == 1
     assert again["pairs"] == first["pairs"] and again["reward_model"] != first["reward_model"]
     LIVE.clear()
+
+
+@pytest.mark.slow
+def test_madpo_moves_the_task_reward(tmp_path):
+    """The shipped MADPO config: the trained agents' eval reward beats the initial agents' (same eval seed)."""
+    from schemas.config import load_config
+    from stages.build_taskset import build_taskset
+    from stages.generate_rollouts import derive_seed
+    from stages.models import load_policies
+
+    cfg = load_config("configs/madpo-story.yaml", [f"data_dir={tmp_path}"], algorithm="madpo")
+    LIVE.clear()
+    after = P.run_preference_direct(cfg)["eval"]["eval/turn_1/reward_mean"]
+    store = T.ArtifactStore(tmp_path / "artifacts")
+    ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
+    pol = load_policies(ctx.sources, 1e-3)
+    _, before = T.evaluate(pol, ctx.eval_items[:cfg.trainer.eval_num_samples], T.formatters_for(ctx, pol),
+                           ctx.sampling, ctx.caller, ctx.processor, derive_seed(cfg.seed, "final-eval"), ctx.episode)
+    assert after > before["eval/turn_1/reward_mean"] + 0.05, (before, after)
+    LIVE.clear()

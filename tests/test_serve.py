@@ -7,9 +7,9 @@ def test_deployments_names_schedules_and_defaults():
     from flows.serve import deployments
 
     deps = deployments("nightly", cron="0 3 * * *", config_path="/abs/configs/magrpo-story.yaml")
-    assert sorted(d.name for d in deps) == ["nightly"] * 6
+    assert sorted(d.name for d in deps) == ["nightly"] * 8
     assert {d.flow_name for d in deps} == {"train-magrpo", "train-mareinforce", "train-marloo", "train-maremax",
-                                                 "train-iac", "train-maac"}
+                                                 "train-iac", "train-maac", "train-madpo", "train-marlhf"}
     for d in deps:
         assert d.parameters == {"config_path": "/abs/configs/magrpo-story.yaml"}
         assert [s.schedule.cron for s in d.schedules] == ["0 3 * * *"]
