@@ -196,3 +196,16 @@ def test_madpo_moves_the_task_reward(tmp_path):
                            ctx.sampling, ctx.caller, ctx.processor, derive_seed(cfg.seed, "final-eval"), ctx.episode)
     assert after > before["eval/turn_1/reward_mean"] + 0.05, (before, after)
     LIVE.clear()
+
+
+@pytest.mark.parametrize("rl", ["maac", "iac"])
+def test_marlhf_actor_critic_backends(tmp_path, rl):
+    cfg = _cfg(tmp_path, "marlhf", rl_algorithm=rl, num_generations=1, critic_learning_rate=1e-3)
+    rcfg = P.rl_config(cfg)
+    assert rcfg.algorithm == rl and rcfg.critic.critic_model == "tiny" and rcfg.trainer.critic_learning_rate == 1e-3
+    LIVE.clear()
+    out = P.run_preference_direct(cfg)
+    assert set(out["eval"]) == {"eval/turn_1/reward_mean", "eval/turn_1/expected_return"}
+    crit = "critic" if rl == "maac" else "agent_0/critic"
+    assert (__import__("pathlib").Path(out["checkpoint"]) / crit / "value_head.pt").is_file()
+    LIVE.clear()
