@@ -397,64 +397,27 @@ def _run_name() -> str:
     return f"{flow_run.flow_name}: {src}"
 
 
-@flow(name="train-magrpo", flow_run_name=_run_name, log_prints=True)
-def train_magrpo(config: dict | None = None, config_path: str | None = None,
-                 overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
-                 refresh: list[str] | None = None, rescore_from: str | None = None,
-                 show_progress: bool = False, continue_run: str | None = None) -> dict:
-    """MAGRPO: group-mean baseline."""
-    return run_training("magrpo", config, config_path, overrides, stages, refresh, rescore_from, show_progress,
-                        continue_run)
+def _training_flow(algorithm: str, doc: str):
+    """The Prefect flow `train-<algorithm>`: one graph of stage tasks (`run_training`), one algorithm."""
 
-
-@flow(name="train-mareinforce", flow_run_name=_run_name, log_prints=True)
-def train_mareinforce(config: dict | None = None, config_path: str | None = None,
-                      overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
-                      refresh: list[str] | None = None, rescore_from: str | None = None,
-                      show_progress: bool = False, continue_run: str | None = None) -> dict:
-    """MAREINFORCE: no baseline (advantage = return)."""
-    return run_training("mareinforce", config, config_path, overrides, stages, refresh, rescore_from, show_progress,
-                        continue_run)
-
-
-@flow(name="train-marloo", flow_run_name=_run_name, log_prints=True)
-def train_marloo(config: dict | None = None, config_path: str | None = None,
-                 overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
-                 refresh: list[str] | None = None, rescore_from: str | None = None,
-                 show_progress: bool = False, continue_run: str | None = None) -> dict:
-    """MARLOO: leave-one-out baseline."""
-    return run_training("marloo", config, config_path, overrides, stages, refresh, rescore_from, show_progress,
-                        continue_run)
-
-
-@flow(name="train-maremax", flow_run_name=_run_name, log_prints=True)
-def train_maremax(config: dict | None = None, config_path: str | None = None,
-                  overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
-                  refresh: list[str] | None = None, rescore_from: str | None = None,
-                  show_progress: bool = False, continue_run: str | None = None) -> dict:
-    """MAReMax: group-max baseline."""
-    return run_training("maremax", config, config_path, overrides, stages, refresh, rescore_from, show_progress,
-                        continue_run)
-
-
-@flow(name="train-iac", flow_run_name=_run_name, log_prints=True)
-def train_iac(config: dict | None = None, config_path: str | None = None,
+    def train(config: dict | None = None, config_path: str | None = None,
               overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
               refresh: list[str] | None = None, rescore_from: str | None = None,
               show_progress: bool = False, continue_run: str | None = None) -> dict:
-    """IAC: independent actor-critic (a critic per agent)."""
-    return run_training("iac", config, config_path, overrides, stages, refresh, rescore_from, show_progress,
-                        continue_run)
+        return run_training(algorithm, config, config_path, overrides, stages, refresh, rescore_from, show_progress,
+                            continue_run)
+
+    train.__doc__ = doc
+    train.__name__ = train.__qualname__ = f"train_{algorithm}"  # importable as flows.train:train_<algorithm>
+    return flow(name=f"train-{algorithm}", flow_run_name=_run_name, log_prints=True)(train)
 
 
-@flow(name="train-maac", flow_run_name=_run_name, log_prints=True)
-def train_maac(config: dict | None = None, config_path: str | None = None,
-               overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
-               refresh: list[str] | None = None, rescore_from: str | None = None,
-               show_progress: bool = False, continue_run: str | None = None) -> dict:
-    """MAAC: one centralized critic over the joint history."""
-    return run_training("maac", config, config_path, overrides, stages, refresh, rescore_from, show_progress,
-                        continue_run)
+train_magrpo = _training_flow("magrpo", "MAGRPO: group-mean baseline.")
+train_mareinforce = _training_flow("mareinforce", "MAREINFORCE: no baseline (advantage = return).")
+train_marloo = _training_flow("marloo", "MARLOO: leave-one-out baseline.")
+train_maremax = _training_flow("maremax", "MAReMax: group-max baseline.")
+train_iac = _training_flow("iac", "IAC: independent actor-critic (a critic per agent).")
+train_maac = _training_flow("maac", "MAAC: one centralized critic over the joint history.")
 
 
 @flow(name="train-madpo", flow_run_name=_run_name, log_prints=True)

@@ -511,52 +511,13 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
                 executed["replayed"] += 1
                 t0 = time.perf_counter()
                 sref, scores = score_or_load(ctx, rows, by_id, sk, base)
-            if is_actor_critic(cfg):  # --- critic values, TD targets, actor + critic steps
-                aref, per_turn, um = _actor_critic_update(ctx, pol, rows, scores, keys, u, timing, t0)
-                per_turn.update(domain_metrics(ctx, rows, scores))
-                executed["update"] += 1
-                policy_key = keys.policy_after
-                means = node_means(scores)
-                reward_mean = sum(means) / len(means)
-                env_step = scores[-1]["env_step"]
-                last = state.get("last_logged")
-                if last is None or env_step - last >= t.logging_steps:
-                    state["last_logged"] = env_step
-                    metric_rows += [{"key": k, "value": v, "env_step": env_step} for k, v in per_turn.items()]
-                    metric_rows += [{"key": k, "value": v, "env_step": env_step} for k, v in um.items()]
-                if cfg.algorithm == "maac":
-                    metric_rows += _epoch_metrics(ctx, u, per_turn, epoch_acc, env_step)
-                steps_rows.append({"update": u.index, "epoch": u.epoch, "env_step": env_step, "rollouts": ref.key,
-                                   "scores": sref.key, "advantages": aref.key, "reward_mean": reward_mean})
-                state.update(update=u.index + 1, env_step=env_step, epoch=u.epoch)
-                bar.set_postfix(reward=f"{reward_mean:.3f}", env_step=env_step)
-                continue
-            # --- advantages (returns over the tree, baseline per node and agent)
-            children = tree_children(rows)
-            aref = store.find("advantages", keys.advantages)
-            if aref is None:
-                node_item = {(r["step"], r["turn"], r["node_id"]): r["item_id"] for r in rows}
-                kls = ({(r["step"], r["turn"], r["node_id"], r["agent"], r["sample"]): r["ref_kl"] for r in rows}
-                       if t.reference_kl_enabled else None)
-                adv = compute_advantages(scores, node_item, ctx.n, t.num_generations, t.joint_mode,
-                                         cfg.advantage_mode, t.advantage_normalization, kls, t.reference_kl_coef,
-                                         children, t.discount)
-                aref = store.put_table("advantages", keys.advantages, adv)
-                CALLS["advantages"] += 1
-            else:
-                adv = store.read_rows(aref)
-            timing["score_s"] += time.perf_counter() - t0
-            # --- update
-            t0 = time.perf_counter()
-            um = update_policies(pol, rows, adv, t.batch_size, cfg.seed, u.index)
-            CALLS["update"] += 1
+            # --- advantages + update: the algorithm's strategy (critic-free baseline or actor-critic)
+            step_fn = _actor_critic_update if is_actor_critic(cfg) else _baseline_update
+            aref, per_turn, um = step_fn(ctx, pol, rows, scores, keys, u, timing, t0)
+            per_turn.update(domain_metrics(ctx, rows, scores))
             executed["update"] += 1
-            timing["update_s"] += time.perf_counter() - t0
             policy_key = keys.policy_after
             # --- metrics (the reference's names, per turn, gated by logging_steps)
-            per_turn = turn_metrics(scores, rows, joint_returns(scores, children, t.discount),
-                                    t.reference_kl_coef if t.reference_kl_enabled else None)
-            per_turn.update(domain_metrics(ctx, rows, scores))
             means = node_means(scores)
             reward_mean = sum(means) / len(means)
             env_step = scores[-1]["env_step"]
@@ -565,6 +526,8 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
                 state["last_logged"] = env_step
                 metric_rows += [{"key": k, "value": v, "env_step": env_step} for k, v in per_turn.items()]
                 metric_rows += [{"key": k, "value": v, "env_step": env_step} for k, v in um.items()]
+            if cfg.algorithm == "maac":
+                metric_rows += _epoch_metrics(ctx, u, per_turn, epoch_acc, env_step)
             steps_rows.append({"update": u.index, "epoch": u.epoch, "env_step": env_step, "rollouts": ref.key,
                                "scores": sref.key, "advantages": aref.key, "reward_mean": reward_mean})
             state.update(update=u.index + 1, env_step=env_step, epoch=u.epoch)
@@ -598,6 +561,32 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     steps = store.put_table("steps", ckpt_key, steps_rows)
     metrics = store.put_table("metrics", ckpt_key, metric_rows)
     return SegmentResult(ckpt, steps, metrics, dict(executed))
+
+
+def _baseline_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict], keys: UpdateKeys, u: Update,
+                     timing: Counter, t0: float):
+    """MAGRPO family: tree returns and group-baseline advantages (stored, or computed), then the update."""
+    t, cfg = ctx.cfg.trainer, ctx.cfg
+    children = tree_children(rows)
+    aref = ctx.store.find("advantages", keys.advantages)
+    if aref is None:
+        node_item = {(r["step"], r["turn"], r["node_id"]): r["item_id"] for r in rows}
+        kls = ({(r["step"], r["turn"], r["node_id"], r["agent"], r["sample"]): r["ref_kl"] for r in rows}
+               if t.reference_kl_enabled else None)
+        adv = compute_advantages(scores, node_item, ctx.n, t.num_generations, t.joint_mode, cfg.advantage_mode,
+                                 t.advantage_normalization, kls, t.reference_kl_coef, children, t.discount)
+        aref = ctx.store.put_table("advantages", keys.advantages, adv)
+        CALLS["advantages"] += 1
+    else:
+        adv = ctx.store.read_rows(aref)
+    timing["score_s"] += time.perf_counter() - t0
+    t1 = time.perf_counter()
+    um = update_policies(pol, rows, adv, t.batch_size, cfg.seed, u.index)
+    CALLS["update"] += 1
+    timing["update_s"] += time.perf_counter() - t1
+    per_turn = turn_metrics(scores, rows, joint_returns(scores, children, t.discount),
+                            t.reference_kl_coef if t.reference_kl_enabled else None)
+    return aref, per_turn, um
 
 
 def _actor_critic_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict], keys: UpdateKeys, u: Update,
