@@ -312,3 +312,21 @@ def test_multi_turn_actor_critic_with_reference_kl_runs_td_targets_over_turns(tm
     keys = {r["key"] for r in store.read_rows(store.find("metrics", T.segment_end_keys(ctx)[-1]))}
     assert {"turn_2/value_loss", "turn_2/reference_kl_mean", "turn_1/expected_return"} <= keys
     LIVE.clear()
+
+
+def test_iac_critic_can_be_a_different_model_with_its_own_vocabulary(tmp_path):
+    from stages.build_taskset import build_taskset
+    from stages.models import build_tiny_model
+
+    other = build_tiny_model(tmp_path / "critic-model", hidden_size=48, num_layers=1, vocab_size=320)
+    cfg = validate_config(_cfg(tmp_path, critic={"critic_model": str(other)}), "iac")
+    store = T.ArtifactStore(tmp_path / "artifacts")
+    ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
+    LIVE.clear()
+    res = T.train_segment(ctx, 0, None, ctx.start_key)
+    pol = LIVE.policies
+    assert pol.agents[0].critic.same_vocab is False  # the critic re-tokenizes the texts with its own tokenizer
+    assert pol.agents[0].critic.model.config.hidden_size == 48
+    rows = [r for r in store.read_rows(res.metrics) if r["key"] == "turn_1/value_loss"]
+    assert rows and all(r["value"] == r["value"] for r in rows)  # finite
+    LIVE.clear()
