@@ -67,7 +67,8 @@ MT_INSTRUCTION = "Revise: agent 2 must write 2-3 times more than agent 1."
 # --- shared helpers (parent and children) --------------------------------------------------------
 
 
-MODES = {"seq": {}, "mp": {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]}}
+MODES = {"seq": {}, "mp": {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]},
+         "mp_padloss": {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"], "loss_on_padding": True}}
 """coopflow variants: agents in the main process, or one persistent worker process per agent."""
 
 
@@ -430,10 +431,10 @@ def print_table(results: dict) -> None:
             label += f" {w['turns']} turns"
         if w.get("algo"):
             label = f"{name}: {w['model']} K={w['K']} {w['tokens']}tok rbs{w['rbs']} {w['items']}x{w['epochs']}"
-        for tag in [k for k in ("coopflow", "coopflow_mp") if k in r]:
+        for tag in [k for k in ("coopflow", "coopflow_mp", "coopflow_mp_padloss") if k in r]:
             c = (r.get(tag) or {}).get("result") or {}
             ps, cs = p.get("env_steps_per_s"), c.get("env_steps_per_s")
-            rows.append((label, "seq" if tag == "coopflow" else "mp", f(ps), f(cs),
+            rows.append((label, "seq" if tag == "coopflow" else tag.removeprefix("coopflow_"), f(ps), f(cs),
                          f(cs / ps if ps and cs else None) + ("x" if ps and cs else ""),
                          f(c.get("loop_env_steps_per_s")),
                          f"{f(p.get('reward_first'))}→{f(p.get('reward_last'))}",

@@ -202,6 +202,9 @@ class MAGRPOConfig(_Strict):
     reference_kl_coef: float = Field(0.1, ge=0, description="KL penalty coefficient.")
     reference_devices: str | list[str] | None = Field(
         None, description="Devices of the reference models (one, or one per agent); null = the agents' devices.")
+    loss_on_padding: bool = Field(
+        False, description="Reference quirk, opt-in: pad each completion to its node's longest with pad tokens and "
+                           "keep them in the loss, as CoMLRL 1.4.3 does (off: pads never enter the loss).")
 
     @field_validator("parallel_training")
     @classmethod

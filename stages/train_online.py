@@ -309,9 +309,10 @@ def update_keys(ctx: RunContext, policy_key: str, u: Update) -> UpdateKeys:
     if t.num_turns > 1:
         adv["discount"] = t.discount
     ak = key_for("advantages", adv)
-    pk = key_for("policy", {"prev": policy_key, "advantages": ak, "lr": t.agent_learning_rate,
-                            "batch": t.batch_size, "seed": cfg.seed})
-    return UpdateKeys(rk, ak, pk)
+    spec = {"prev": policy_key, "advantages": ak, "lr": t.agent_learning_rate, "batch": t.batch_size, "seed": cfg.seed}
+    if t.loss_on_padding:
+        spec["loss_on_padding"] = True
+    return UpdateKeys(rk, ak, key_for("policy", spec))
 
 
 def segment_end_keys(ctx: RunContext) -> list[str]:
@@ -581,7 +582,7 @@ def _baseline_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict],
         adv = ctx.store.read_rows(aref)
     timing["score_s"] += time.perf_counter() - t0
     t1 = time.perf_counter()
-    um = update_policies(pol, rows, adv, t.batch_size, cfg.seed, u.index)
+    um = update_policies(pol, rows, adv, t.batch_size, cfg.seed, u.index, t.loss_on_padding)
     CALLS["update"] += 1
     timing["update_s"] += time.perf_counter() - t1
     per_turn = turn_metrics(scores, rows, joint_returns(scores, children, t.discount),

@@ -34,13 +34,19 @@ def _node_samples(rollouts: list[dict], adv: dict[tuple, float], agent: int) -> 
     return by_turn
 
 
-def policy_loss(model, samples: list[list[dict]], pad_id: int) -> tuple[torch.Tensor, int]:
-    """Minibatch loss (one forward over every completion of every node sample) and its token count."""
+def policy_loss(model, samples: list[list[dict]], pad_id: int, pad_tail: bool = False) -> tuple[torch.Tensor, int]:
+    """Minibatch loss (one forward over every completion of every node sample) and its token count.
+
+    `pad_tail` (the reference's quirk, opt-in): each completion is padded with pad tokens to the longest
+    completion of its node, as CoMLRL's per-node `generate` returns it, and those pads enter the loss.
+    """
     prompts, comps, adv, weight = [], [], [], []
     for node in samples:
+        longest = max(len(c["completion_ids"]) for c in node)
         for c in node:
             prompts.append(c["prompt_ids"])
-            comps.append(c["completion_ids"])
+            ids = list(c["completion_ids"])
+            comps.append(ids + [pad_id] * (longest - len(ids)) if pad_tail else ids)
             adv.append(c["advantage"])
             weight.append(1.0 / (len(samples) * len(node)))
     device = next(model.parameters()).device
@@ -51,7 +57,7 @@ def policy_loss(model, samples: list[list[dict]], pad_id: int) -> tuple[torch.Te
 
 
 def update_agent(agent: AgentState, rollouts: list[dict], adv: dict[tuple, float], batch_size: int, seed: int,
-                 step: int, index: int) -> dict[str, float]:
+                 step: int, index: int, pad_tail: bool = False) -> dict[str, float]:
     """One agent's update over its node samples of one buffer (runs wherever the agent lives)."""
     model, tok = agent.model, agent.tokenizer
     opt = agent.ensure_optimizer()
@@ -64,7 +70,7 @@ def update_agent(agent: AgentState, rollouts: list[dict], adv: dict[tuple, float
             for b in range(0, len(samples), batch_size):
                 mb = samples[b:b + batch_size]
                 opt.zero_grad(set_to_none=True)
-                loss, ntok = policy_loss(model, mb, tok.pad_token_id)
+                loss, ntok = policy_loss(model, mb, tok.pad_token_id, pad_tail)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"non-finite policy loss ({loss.item()}) for agent {index} at update "
                                              f"{step}, turn {turn + 1}; lower agent_learning_rate or check rewards")
@@ -78,14 +84,14 @@ def update_agent(agent: AgentState, rollouts: list[dict], adv: dict[tuple, float
 
 
 def update_policies(policies: Policies, rollouts: list[dict], advantage_rows: list[dict], batch_size: int,
-                    seed: int, step: int) -> dict[str, float]:
+                    seed: int, step: int, pad_tail: bool = False) -> dict[str, float]:
     """Apply one buffer's update to every agent (in place, or in the agents' worker processes)."""
     args = []
     for i in range(policies.n):
         mine = [r for r in rollouts if r["agent"] == i]
         adv = {(a["step"], a["turn"], a["node_id"], a["agent"], a["sample"]): a["advantage"]
                for a in advantage_rows if a["agent"] == i}
-        args.append((mine, adv, batch_size, seed, step, i))
+        args.append((mine, adv, batch_size, seed, step, i, pad_tail))
     metrics: dict[str, float] = {}
     for m in policies.run("update", args):
         metrics.update(m)

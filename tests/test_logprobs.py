@@ -148,3 +148,19 @@ def test_trim_completion():
     assert trim_completion([4, 1, 1, 0], 1) == ([4, 1], True)
     assert trim_completion([4, 5, 6], 1) == ([4, 5, 6], False)
     assert trim_completion([4, 5], None) == ([4, 5], False)
+
+
+def test_loss_on_padding_quirk_pads_to_the_node_longest_and_scores_the_pads(tiny):
+    from stages.update_policies import policy_loss
+
+    model, tok = tiny[0], tiny[1]
+    pad = tok.pad_token_id
+    node = [{"prompt_ids": [5, 6, 7], "completion_ids": [8, 9, 10, 11], "advantage": 1.0},
+            {"prompt_ids": [5, 6, 7], "completion_ids": [12, 13], "advantage": -1.0}]
+    padded = [dict(node[0]), {**node[1], "completion_ids": [12, 13, pad, pad]}]
+    with torch.no_grad():
+        quirk, ntok = policy_loss(model, [node], pad, pad_tail=True)
+        manual, _ = policy_loss(model, [padded], pad)
+        plain, ntok_plain = policy_loss(model, [node], pad)
+    assert quirk.item() == pytest.approx(manual.item(), abs=1e-6) and ntok == 8 and ntok_plain == 6
+    assert quirk.item() != pytest.approx(plain.item(), abs=1e-6)
