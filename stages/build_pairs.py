@@ -59,3 +59,29 @@ def build_pairs(rollouts: list[dict], scores: list[dict], mode: str, limit: int 
                             "rejected_ids": cl["completion_ids"]})
             pair_id += 1
     return out
+
+
+# --- iterative rounds: target vs comparator (spec §4.4 step 3) ----------------------------------
+
+
+def aligned_comparisons(target: list[float], comparator: list[float], mode: str, limit: int | None,
+                        rng: random.Random | None = None) -> list[tuple[int, bool]]:
+    """Index-aligned pairs: target[idx] vs comparator[idx] for idx < min(P, P_c); ties dropped.
+
+    Returns (idx, target_wins). Selection: `comparator_reward` (comparator reward, then |gap|, both
+    descending), `reward_gap` (|gap| descending), `random` (seeded shuffle) or `all` (index order);
+    then the first `limit` (`all` keeps every pair).
+    """
+    pairs = [(i, target[i], comparator[i]) for i in range(min(len(target), len(comparator)))
+             if target[i] != comparator[i]]
+    if mode == "comparator_reward":
+        pairs.sort(key=lambda p: (p[2], abs(p[1] - p[2])), reverse=True)
+    elif mode == "reward_gap":
+        pairs.sort(key=lambda p: abs(p[1] - p[2]), reverse=True)
+    elif mode == "random":
+        (rng or random.Random(0)).shuffle(pairs)
+    elif mode != "all":
+        raise ValueError(f"pair_selection must be comparator_reward, reward_gap, random or all; got {mode!r}")
+    if mode != "all" and limit is not None:
+        pairs = pairs[:limit]
+    return [(i, t > c) for i, t, c in pairs]
