@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 FLOW_NAMES = ("train-magrpo", "train-mareinforce", "train-marloo", "train-maremax", "train-iac", "train-maac", "train-madpo",
-              "train-marlhf")
+              "train-marlhf", "train-madpo-iter")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--continue-run", help="MLflow run id of a shorter run of this config to continue (e.g. after "
                                           "raising trainer.num_train_epochs); logs into that run")
     r.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    r.add_argument("--rounds", type=int, default=None,
+                   help="train-madpo-iter: run at most this many new rounds (default: all remaining)")
     v = sub.add_parser("validate", help="validate a config (no model is loaded)")
     v.add_argument("--config")
     v.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -100,7 +102,7 @@ def config_reference() -> str:
     from pydantic_core import PydanticUndefined
 
     from schemas.config import (AgentsConfig, CriticConfig, FormatterConfig, IACConfig, MAACConfig, MADPOConfig,
-                                MAGRPOConfig, MARLHFConfig, RewardConfig, RunConfig, TasksetConfig, TrackingConfig,
+                                MADPOIterConfig, MAGRPOConfig, MARLHFConfig, RewardConfig, RunConfig, TasksetConfig, TrackingConfig,
                                 TransitionConfig)
 
     def show(v) -> str:
@@ -143,6 +145,12 @@ def config_reference() -> str:
     for r in rows:
         name = r.split("`")[1].removeprefix("trainer.") if r.startswith("| `") else ""
         out.append(r.replace("` |", "` (MARLHF) |", 1) if name and name not in madpo_fields else r)
+    out += ["", "Iterative MADPO (`train-madpo-iter`): the `trainer` section is the reference's `MADPOIterConfig` — the "
+                "MADPO fields above plus (and with these defaults):", ""]
+    out += table([(MADPOIterConfig, "trainer.")],
+                 skip={("trainer.", n) for n in MADPOConfig.model_fields
+                       if n not in ("num_train_epochs", "preference_num_candidates", "preference_pairs_per_sample",
+                                    "pair_selection")})
     return "\n".join(out)
 
 
@@ -179,10 +187,17 @@ def _run(args) -> int:
         # No heartbeat thread: it adds ~1.1 s to every flow run and only serves crash detection
         # of runs executed by workers, which a foreground CLI run does not need.
         with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-            summary = FLOWS[args.flow](config_path=config_path, overrides=args.overrides or None,
-                                       stages=args.stages, refresh=args.refresh or None,
-                                       rescore_from=args.rescore_from, show_progress=not args.no_progress,
-                                       continue_run=args.continue_run)
+            if args.flow == "train-madpo-iter":
+                if args.stages or args.refresh or args.rescore_from or args.continue_run:
+                    raise ConfigError("train-madpo-iter runs rounds: it takes --rounds, not --stages/--refresh/"
+                                      "--rescore-from/--continue-run")
+                summary = FLOWS[args.flow](config_path=config_path, overrides=args.overrides or None,
+                                           max_new_rounds=args.rounds, show_progress=not args.no_progress)
+            else:
+                summary = FLOWS[args.flow](config_path=config_path, overrides=args.overrides or None,
+                                           stages=args.stages, refresh=args.refresh or None,
+                                           rescore_from=args.rescore_from, show_progress=not args.no_progress,
+                                           continue_run=args.continue_run)
     except (ConfigError, FileNotFoundError) as err:
         print(f"coopflow: {err}", file=sys.stderr)
         return 2

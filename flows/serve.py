@@ -23,7 +23,13 @@ def deployments(name: str = "local", cron: str | None = None, interval: float | 
         kw["cron"] = cron
     elif interval:
         kw["interval"] = timedelta(seconds=interval)
-    return [f.to_deployment(name=name, parameters=params, tags=["coopflow"], **kw) for f in FLOWS.values()]
+    out = []
+    for fname, f in FLOWS.items():
+        p = dict(params)
+        if fname == "train-madpo-iter":  # a scheduled run adds one round to the experiment
+            p["max_new_rounds"] = 1
+        out.append(f.to_deployment(name=name, parameters=p, tags=["coopflow"], **kw))
+    return out
 
 
 def serve_all(name: str = "local", cron: str | None = None, interval: float | None = None,

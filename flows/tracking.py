@@ -125,6 +125,7 @@ class Tracker:
         with tempfile.TemporaryDirectory() as tmp:
             for name, payload in files.items():
                 p = Path(tmp) / name
+                p.parent.mkdir(parents=True, exist_ok=True)
                 if isinstance(payload, bytes):
                     p.write_bytes(payload)
                 else:

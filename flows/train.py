@@ -440,6 +440,82 @@ def train_marlhf(config: dict | None = None, config_path: str | None = None,
     return run_preference("marlhf", config, config_path, overrides, stages, refresh, show_progress)
 
 
+# --- iterative (online) MADPO: one subflow per round ---------------------------------------------
+
+
+@flow(name="madpo-round", flow_run_name="round-{r}", log_prints=True, validate_parameters=False)
+def round_flow(ctx: Any, r: int) -> dict:  # ctx: a T.RunContext (Any: no parameter schema for it)
+    """One round: target + comparator candidates, index-aligned pairs (a replay shard), replay, DPO, eval."""
+    from stages import train_iterative as I
+
+    return I.run_round(ctx, r)
+
+
+def _parent_run(tracker: Tracker, exp_key: str, name: str, params: dict) -> str | None:
+    """The experiment's MLflow parent run: reopened when an earlier (scheduled) run created it."""
+    if not tracker.enabled:
+        return None
+    found = tracker.client.search_runs([tracker.experiment_id], f"tags.`coopflow.iter_experiment` = '{exp_key}'",
+                                       max_results=1)
+    if found:
+        return tracker.start(name, {}, params, run_id=found[0].info.run_id)
+    return tracker.start(name, {"coopflow.iter_experiment": exp_key, "coopflow.algorithm": "madpo-iter"}, params)
+
+
+@flow(name="train-madpo-iter", flow_run_name=_run_name, log_prints=True)
+def train_madpo_iter(config: dict | None = None, config_path: str | None = None,
+                     overrides: dict[str, Any] | list[str] | None = None, max_new_rounds: int | None = None,
+                     show_progress: bool = False) -> dict:
+    """Iterative MADPO: rounds resume from the store; `max_new_rounds=1` runs the next round (for schedules)."""
+    from stages import train_iterative as I
+    from stages.reward_drift import bar_svg
+
+    cfg = load_config(config_path, overrides, algorithm="madpo-iter", base=config)
+    data = cfg.resolved_data_dir()
+    store = ArtifactStore(data / "artifacts")
+    store.clean_temp()
+    tr = cfg.tracking
+    uri = tr.tracking_uri or f"sqlite:///{data / 'mlflow.db'}"
+    parent = Tracker(uri, tr.experiment, tr.enabled)
+    taskset = build_taskset_task(cfg, quote(store))
+    ctx = T.make_context(cfg, store, taskset)
+    keys = I.round_keys(ctx)
+    done = I.completed_rounds(ctx)
+    run_id = _parent_run(parent, keys[0], tr.run_name or f"madpo-iter-{keys[0][:8]}", cfg.model_dump(mode="json"))
+    get_run_logger().info("madpo-iter: %d of %d rounds stored; mlflow parent run %s", done, len(keys), run_id)
+    ok, ran, summary = False, [], {"algorithm": "madpo-iter", "mlflow_run_id": run_id, "rounds": len(keys)}
+    try:
+        for r in range(done + 1, len(keys) + 1):
+            if max_new_rounds is not None and len(ran) >= max_new_rounds:
+                break
+            res = round_flow(quote(ctx), r)
+            rows = store.read_rows(res["metrics"])
+            parent.log_metrics(rows)
+            child = Tracker(uri, tr.experiment, tr.enabled)
+            child.start(f"round-{r}", {"mlflow.parentRunId": run_id or "", "coopflow.round": str(r)}, {})
+            child.log_metrics(rows)
+            child.record("checkpoint", res["checkpoint"], tag=True)
+            child.record("pairs", res["shard"], tag=True)
+            if res.get("drift"):
+                name = f"reward_distributions/iteration_{r:04d}"
+                child.log_files({f"{name}.json": res["drift"],
+                                 f"{name}_candidates.html": bar_svg(res["drift"]).encode(),
+                                 f"{name}_selected.html": bar_svg(res["drift"], "selected").encode()})
+            child.finish(True)
+            ran.append(r)
+        summary.update(completed_rounds=I.completed_rounds(ctx), ran_rounds=ran)
+        last = store.find("checkpoint", keys[summary["completed_rounds"] - 1]) if summary["completed_rounds"] else None
+        if last is not None:
+            summary["checkpoint"] = str(store.open_dir(last))
+            summary["eval"] = {r["key"]: r["value"] for r in store.read_rows(store.find("metrics", last.key))
+                               if r["key"].startswith("eval/")}
+        ok = True
+        return summary
+    finally:
+        parent.finish(ok)
+
+
 FLOWS = {"train-magrpo": train_magrpo, "train-mareinforce": train_mareinforce,
          "train-marloo": train_marloo, "train-maremax": train_maremax, "train-iac": train_iac,
-         "train-maac": train_maac, "train-madpo": train_madpo, "train-marlhf": train_marlhf}
+         "train-maac": train_maac, "train-madpo": train_madpo, "train-marlhf": train_marlhf,
+         "train-madpo-iter": train_madpo_iter}

@@ -561,8 +561,97 @@ class MARLHFRunConfig(RunConfig):
     trainer: MARLHFConfig = Field(default_factory=MARLHFConfig, description="Reference MARLHFConfig fields.")
 
 
+REPLAY_MODES = ("current", "nearest_k", "all_history", "lambda_decay")
+
+
+def check_replay(mode: str, k: int | None, lam: float | None, sample_size: int | None) -> None:
+    """The reference's replay-argument rules; ValueError names the field."""
+    if mode not in REPLAY_MODES:
+        raise ValueError(f"preference_replay_mode must be one of {', '.join(REPLAY_MODES)}; got {mode!r}")
+    if sample_size is not None and sample_size < 1:
+        raise ValueError("preference_replay_sample_size must be >= 1 or null")
+    if mode == "current":
+        if k not in (None, 1) or lam is not None or sample_size is not None:
+            raise ValueError("preference_replay_mode 'current' takes no preference_replay_lambda or "
+                             "preference_replay_sample_size, and preference_replay_k only as null or 1")
+    elif mode == "nearest_k":
+        if k is None or k < 1:
+            raise ValueError("preference_replay_mode 'nearest_k' requires preference_replay_k >= 1")
+        if lam is not None:
+            raise ValueError("preference_replay_mode 'nearest_k' does not take preference_replay_lambda")
+    elif mode == "all_history":
+        if k is not None or lam is not None:
+            raise ValueError("preference_replay_mode 'all_history' takes neither preference_replay_k nor "
+                             "preference_replay_lambda")
+    elif mode == "lambda_decay":
+        if lam is None or not 0.0 <= lam <= 1.0:
+            raise ValueError("preference_replay_mode 'lambda_decay' requires preference_replay_lambda in [0, 1]")
+        if k is not None:
+            raise ValueError("preference_replay_mode 'lambda_decay' does not take preference_replay_k")
+
+
+COMPARATOR_ALIASES = {"current": "current", "self": "current", "online": "current",
+                      "history": "history", "checkpoint": "history", "previous": "history",
+                      "previous_iteration": "history",
+                      "model": "model", "external": "model", "comparator": "model", "reference": "model", "ref": "model"}
+
+
+class MADPOIterConfig(MADPOConfig):
+    """CoMLRL 1.4.3 `MADPOIterConfig` (spec §6.6): rounds of target-vs-comparator pairs, replay, DPO."""
+
+    num_iterations: int = Field(6, ge=1, description="Rounds (iterations); a scheduled run adds rounds up to this.")
+    num_train_epochs: int = Field(1, ge=1, description="DPO passes over each round's training pairs.")
+    preference_num_candidates: int = Field(20, ge=1, description="P target candidates per item per round.")
+    preference_pairs_per_sample: int | None = Field(4, ge=1, description="Pairs kept per item per round.")
+    pair_selection: Literal["comparator_reward", "reward_gap", "random", "all"] = Field(
+        "comparator_reward", description="comparator_reward (comparator reward, then gap) | reward_gap | random | all.")
+    preference_replay_mode: str = Field("current", description="current | nearest_k | all_history | lambda_decay.")
+    preference_replay_k: int | None = Field(None, description="Shards nearest_k samples from.")
+    preference_replay_lambda: float | None = Field(None, description="lambda_decay's λ in [0, 1].")
+    preference_replay_sample_size: int | None = Field(None, description="Training pairs per round (null: this "
+                                                                         "round's count).")
+    log_reward_distribution: bool = Field(False, description="Log the per-round reward histograms (needs a reward "
+                                                             "range: reward.reward_range or the function's).")
+    comparator_policy: str = Field("current", description="current (independent RNG stream) | history (the "
+                                                          "checkpoint k rounds back) | model (frozen models).")
+    comparator_model_name: str | None = Field(None, description="model comparator: one source for all agents.")
+    comparator_agents: list[str] | None = Field(None, description="model comparator: one source per agent.")
+    comparator_num_candidates: int | None = Field(None, ge=1, description="P_c comparator candidates (null = P).")
+    comparator_history_k: int | None = Field(None, ge=1, description="history comparator: rounds back (default 1).")
+
+    @field_validator("comparator_policy")
+    @classmethod
+    def _comparator(cls, v: str) -> str:
+        key = str(v).lower()
+        if key not in COMPARATOR_ALIASES:
+            raise ValueError(f"comparator_policy must be one of current, history, model (or an alias); got {v!r}"
+                             + (" — the current_copy and api comparators are not available in this release"
+                                if key in ("api", "http", "endpoint", "current_copy", "copy") else ""))
+        return COMPARATOR_ALIASES[key]
+
+    @model_validator(mode="after")
+    def _post_iter(self) -> "MADPOIterConfig":
+        check_replay(self.preference_replay_mode, self.preference_replay_k, self.preference_replay_lambda,
+                     self.preference_replay_sample_size)
+        has_model = self.comparator_model_name is not None or self.comparator_agents is not None
+        if self.comparator_policy == "model" and not has_model:
+            raise ValueError("comparator_policy 'model' requires comparator_model_name or comparator_agents")
+        if self.comparator_policy != "model" and has_model:
+            raise ValueError("comparator_model_name / comparator_agents are only allowed with comparator_policy 'model'")
+        if self.comparator_history_k is not None and self.comparator_policy != "history":
+            raise ValueError("comparator_history_k is only allowed with comparator_policy 'history'")
+        return self
+
+
+class MADPOIterRunConfig(RunConfig):
+    """A coopflow MADPO-iter run: rounds of target-vs-comparator pairs, replay and DPO."""
+
+    algorithm: Literal["madpo-iter"] = Field("madpo-iter", description="Iterative (online) MADPO.")
+    trainer: MADPOIterConfig = Field(default_factory=MADPOIterConfig, description="Reference MADPOIterConfig fields.")
+
+
 RUN_CONFIGS: dict[str, type[RunConfig]] = {"iac": IACRunConfig, "maac": MAACRunConfig, "madpo": MADPORunConfig,
-                                           "marlhf": MARLHFRunConfig}
+                                           "marlhf": MARLHFRunConfig, "madpo-iter": MADPOIterRunConfig}
 """Run config class per algorithm (the MAGRPO family uses RunConfig)."""
 
 

@@ -70,7 +70,7 @@ TABLES: dict[str, pa.Schema] = {
     ]),
 }
 
-DIR_KINDS = ("checkpoint", "model", "critic", "reward_model")
+DIR_KINDS = ("checkpoint", "model", "critic", "reward_model", "drift")
 """Artifact kinds stored as directories (HF save_pretrained dirs plus a manifest), not tables."""
 
 

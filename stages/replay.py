@@ -16,33 +16,7 @@ result is shuffled. Everything is seeded, so a round's training pairs are reprod
 
 import random
 
-REPLAY_MODES = ("current", "nearest_k", "all_history", "lambda_decay")
-
-
-def check_replay(mode: str, k: int | None, lam: float | None, sample_size: int | None) -> None:
-    """The reference's replay-argument rules; ValueError names the field."""
-    if mode not in REPLAY_MODES:
-        raise ValueError(f"preference_replay_mode must be one of {', '.join(REPLAY_MODES)}; got {mode!r}")
-    if sample_size is not None and sample_size < 1:
-        raise ValueError("preference_replay_sample_size must be >= 1 or null")
-    if mode == "current":
-        if k not in (None, 1) or lam is not None or sample_size is not None:
-            raise ValueError("preference_replay_mode 'current' takes no preference_replay_lambda or "
-                             "preference_replay_sample_size, and preference_replay_k only as null or 1")
-    elif mode == "nearest_k":
-        if k is None or k < 1:
-            raise ValueError("preference_replay_mode 'nearest_k' requires preference_replay_k >= 1")
-        if lam is not None:
-            raise ValueError("preference_replay_mode 'nearest_k' does not take preference_replay_lambda")
-    elif mode == "all_history":
-        if k is not None or lam is not None:
-            raise ValueError("preference_replay_mode 'all_history' takes neither preference_replay_k nor "
-                             "preference_replay_lambda")
-    elif mode == "lambda_decay":
-        if lam is None or not 0.0 <= lam <= 1.0:
-            raise ValueError("preference_replay_mode 'lambda_decay' requires preference_replay_lambda in [0, 1]")
-        if k is not None:
-            raise ValueError("preference_replay_mode 'lambda_decay' does not take preference_replay_k")
+from schemas.config import REPLAY_MODES, check_replay  # noqa: F401  (the rules live with the config)
 
 
 def shard_weights(n_shards: int, mode: str, k: int | None = None, lam: float | None = None) -> list[float]:

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from schemas.config import (AgentsConfig, CriticConfig, FormatterConfig, IACConfig, IACRunConfig, MAACConfig,
-                            MAGRPOConfig, MARLHFConfig, RewardConfig, RunConfig, TasksetConfig, TrackingConfig, TransitionConfig)
+                            MADPOIterConfig, MAGRPOConfig, MARLHFConfig, RewardConfig, RunConfig, TasksetConfig, TrackingConfig, TransitionConfig)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,8 @@ def test_readme_documents_every_config_field():
     sections = [("", RunConfig), ("", IACRunConfig), ("agents.", AgentsConfig), ("taskset.", TasksetConfig),
                 ("reward.", RewardConfig), ("formatters[i].", FormatterConfig), ("trainer.", MAGRPOConfig),
                 ("trainer.", IACConfig), ("trainer.", MAACConfig), ("transition.", TransitionConfig),
-                ("critic.", CriticConfig), ("tracking.", TrackingConfig), ("trainer.", MARLHFConfig)]
+                ("critic.", CriticConfig), ("tracking.", TrackingConfig), ("trainer.", MARLHFConfig),
+                ("trainer.", MADPOIterConfig)]
     missing = [p + f for p, m in sections for f in m.model_fields if f"`{p}{f}`" not in readme]
     assert not missing, f"README config reference lacks {missing}"
 
@@ -65,7 +66,8 @@ def test_cli_tiny_model_builds_a_loadable_model(tmp_path):
 
 def test_cli_lists_flows_and_config_reference():
     assert _cli("flows").stdout.split() == ["train-magrpo", "train-mareinforce", "train-marloo", "train-maremax",
-                                            "train-iac", "train-maac", "train-madpo", "train-marlhf"]
+                                            "train-iac", "train-maac", "train-madpo", "train-marlhf",
+                                            "train-madpo-iter"]
     assert "`trainer.num_generations`" in _cli("config-reference").stdout
 
 

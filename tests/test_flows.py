@@ -207,3 +207,27 @@ def test_preference_flows_track_pairs_and_rerun_only_downstream(prefect_harness,
         assert "generate" not in again["executed"] and "score" not in again["executed"]
     else:  # the RL phase scores with the new reward model; only its second update generates anew
         assert again["executed"]["fit_reward_model"] == 1 and again["executed"]["generate"] == 1
+
+
+def test_madpo_iter_flow_one_round_per_run_into_one_parent_mlflow_run(prefect_harness, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from flows.train import train_madpo_iter
+
+    cfg = small_config(tmp_path)
+    cfg["trainer"] = {"num_iterations": 3, "agent_learning_rate": 1e-3, "max_new_tokens": 8, "temperature": 1.0,
+                      "preference_num_candidates": 4, "train_batch_size": 4, "eval_num_samples": 2,
+                      "log_reward_distribution": True}
+    LIVE.clear()
+    a = train_madpo_iter(config=cfg, max_new_rounds=1)
+    LIVE.clear()
+    b = train_madpo_iter(config=cfg, max_new_rounds=1)  # as a scheduled deployment run would
+    assert (a["ran_rounds"], b["ran_rounds"]) == ([1], [2]) and b["completed_rounds"] == 2
+    assert a["mlflow_run_id"] == b["mlflow_run_id"]  # every round of one experiment under one parent run
+    client = MlflowClient(tracking_uri=f"sqlite:///{cfg['data_dir']}/mlflow.db")
+    parent = client.get_run(a["mlflow_run_id"])
+    kids = client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+    assert sorted(k.data.tags["coopflow.round"] for k in kids) == ["1", "2"]
+    assert [m.step for m in client.get_metric_history(parent.info.run_id, "iter/current_iteration")] == [1, 2]
+    files = {f.path for f in client.list_artifacts(kids[0].info.run_id, "reward_distributions")}
+    assert any(f.endswith(".json") for f in files) and any(f.endswith(".html") for f in files)

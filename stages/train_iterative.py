@@ -1,0 +1,221 @@
+"""Iterative (online) MADPO: rounds of target-vs-comparator preferences, replay and DPO (spec §4.4).
+
+MADPO-iter in plain words: each round, the current agents (target) and a comparator each answer
+every task P times; the i-th target joint answer is compared with the i-th comparator joint answer
+under the task reward (ties dropped); the selected pairs become this round's replay shard; the
+round trains with DPO on pairs sampled from the shards (replay mode), evaluates, and checkpoints.
+The comparator is the current agents on an independent RNG stream (`current`), the checkpoint of k
+rounds back (`history`, falling back to the newest earlier one, else the initial agents), or frozen
+models (`model`).
+
+A round is the unit of resume: its artifacts are keyed by the chain of round checkpoints
+
+    round_r = H(round_{r-1}, round r, items, sampling, comparator, selection, replay, DPO settings)
+
+so a rerun skips every completed round and continues from the last one, and a scheduled run with
+`max_new_rounds=1` runs exactly the next round of the experiment.
+"""
+
+import random
+
+from artifacts import ArtifactRef, key_for
+from stages import train_online as T
+from stages.build_pairs import aligned_comparisons
+from stages.build_taskset import items_digest
+from stages.generate_rollouts import SamplingConfig, derive_seed, generate_rollouts
+from stages.models import LIVE, load_policies, save_checkpoint
+from stages.replay import sample_replay
+from stages.reward_drift import drift_metrics, drift_record
+from stages.score_rewards import score_rewards
+
+STAGE_VERSION = "1"
+
+
+def round_keys(ctx: T.RunContext) -> list[str]:
+    """Checkpoint key of every round 1..num_iterations (computable before anything runs)."""
+    t, out, prev = ctx.cfg.trainer, [], ctx.start_key
+    fmt = [ctx.cfg.formatter_for(i).model_dump() for i in range(ctx.n)]
+    settings = t.model_dump(exclude={"num_iterations", "eval_interval", "eval_num_samples", "logging_steps"})
+    for r in range(1, t.num_iterations + 1):
+        prev = key_for("checkpoint", {"prev": prev, "round": r, "items": items_digest(ctx.train_items),
+                                      "trainer": settings, "formatters": fmt, "reward": ctx.reward_id,
+                                      "seed": ctx.cfg.seed, "v": STAGE_VERSION})
+        out.append(prev)
+    return out
+
+
+def completed_rounds(ctx: T.RunContext) -> int:
+    """How many rounds of this experiment are already stored (their checkpoints)."""
+    n = 0
+    for key in round_keys(ctx):
+        if ctx.store.find("checkpoint", key) is None:
+            break
+        n += 1
+    return n
+
+
+def _sampling(ctx: T.RunContext, p: int) -> SamplingConfig:
+    t = ctx.cfg.trainer
+    return SamplingConfig(p, t.max_new_tokens, t.temperature, t.top_p, t.top_k)
+
+
+def _comparator(ctx: T.RunContext, r: int, keys: list[str], target):
+    """(comparator policies, whether they are the target's own models) for round r."""
+    t = ctx.cfg.trainer
+    a = ctx.cfg.agents
+    if t.comparator_policy == "current":
+        return target, True
+    if t.comparator_policy == "history":
+        k = t.comparator_history_k or 1
+        for back in range(r - k, 0, -1):  # round r-k, else the newest earlier one, else the initial agents
+            ref = ctx.store.find("checkpoint", keys[back - 1])
+            if ref is not None:
+                dirs, _, _ = T.checkpoint_sources(ctx.store.open_dir(ref), ctx.n)
+                return load_policies(dirs, t.agent_learning_rate, a.dtype, a.attn_implementation, a.device), False
+        return load_policies(ctx.sources, t.agent_learning_rate, a.dtype, a.attn_implementation, a.device), False
+    srcs = t.comparator_agents or [t.comparator_model_name] * ctx.n
+    paths, _ = T.resolve_model_sources(srcs, ctx.cfg, ctx.store, "trainer.comparator_model_name")
+    return load_policies(paths, t.agent_learning_rate, a.dtype, a.attn_implementation, a.device), False
+
+
+def _reward_lists(scores: list[dict]) -> dict[int, list[float]]:
+    out: dict[int, dict[int, float]] = {}
+    for s in scores:
+        out.setdefault(s["item_id"], {})[s["joint_idx"]] = s["reward"]
+    return {i: [v[j] for j in range(len(v))] for i, v in out.items()}
+
+
+def round_pairs(ctx: T.RunContext, r: int, target_rows, target_scores, comp_rows, comp_scores, same_models: bool,
+                tokenizers) -> tuple[list[dict], list[tuple[int, int]]]:
+    """This round's shard: index-aligned target-vs-comparator pairs (schema `pairs`), and the selected
+    (item, candidate index) of every pair. Comparator completions from other models are re-tokenized."""
+    t = ctx.cfg.trainer
+    tr, cr = _reward_lists(target_scores), _reward_lists(comp_scores)
+    trow = {(x["item_id"], x["agent"], x["sample"]): x for x in target_rows}
+    crow = {(x["item_id"], x["agent"], x["sample"]): x for x in comp_rows}
+    out, pid, selected = [], 0, []
+    for item_id in sorted(tr):
+        everything = tr[item_id] + cr[item_id]
+        mean = sum(everything) / len(everything)
+        rng = random.Random(derive_seed(ctx.cfg.seed, "round-pairs", r, item_id))
+        for idx, target_wins in aligned_comparisons(tr[item_id], cr[item_id], t.pair_selection,
+                                                    t.preference_pairs_per_sample, rng):
+            selected.append((item_id, idx))
+            wr, lr = (tr, cr) if target_wins else (cr, tr)
+            for a in range(ctx.n):
+                tx, cx = trow[(item_id, a, idx)], crow[(item_id, a, idx)]
+                c_ids = cx["completion_ids"] if same_models else \
+                    tokenizers[a](cx["completion_text"], add_special_tokens=False)["input_ids"]
+                w, l = (tx, cx) if target_wins else (cx, tx)
+                w_ids, l_ids = (tx["completion_ids"], c_ids) if target_wins else (c_ids, tx["completion_ids"])
+                out.append({"pair_id": pid, "item_id": item_id, "agent": a, "winner": idx, "loser": idx,
+                            "winner_reward": wr[item_id][idx], "loser_reward": lr[item_id][idx],
+                            "candidate_reward_mean": mean, "prompt": tx["prompt"], "chosen": w["completion_text"],
+                            "rejected": l["completion_text"], "prompt_ids": tx["prompt_ids"], "chosen_ids": w_ids,
+                            "rejected_ids": l_ids})
+            pid += 1
+    return out, selected
+
+
+def run_round(ctx: T.RunContext, r: int) -> dict:
+    """Run round r (1-based) from round r-1's checkpoint; returns refs and this round's metrics."""
+    from stages.update_dpo import dpo_update
+
+    store, cfg, t = ctx.store, ctx.cfg, ctx.cfg.trainer
+    keys = round_keys(ctx)
+    key = keys[r - 1]
+    found = [store.find(k, key) for k in ("checkpoint", "metrics", "pairs")]
+    if all(found):
+        return {"checkpoint": found[0], "metrics": found[1], "shard": found[2], "cached": True}
+    prev = store.find("checkpoint", keys[r - 2]) if r > 1 else None
+    if r > 1 and prev is None:
+        raise ValueError(f"round {r - 1} is not stored: run the rounds in order")
+    pol = T.acquire_policies(ctx, prev, keys[r - 2] if r > 1 else ctx.start_key)
+    fmts = T.formatters_for(ctx, pol)
+    ids = [it["_item_id"] for it in ctx.train_items]
+    by_id = {it["_item_id"]: it for it in ctx.train_items}
+    prompts = [[f(it) for it in ctx.train_items] for f in fmts]
+    P = t.preference_num_candidates
+    try:
+        # --- generate -> compare
+        target_rows = generate_rollouts(pol, prompts, ids, _sampling(ctx, P), derive_seed(cfg.seed, "target", r), 0)
+        comp, same = _comparator(ctx, r, keys, pol)
+        comp_rows = generate_rollouts(comp, prompts, ids, _sampling(ctx, t.comparator_num_candidates or P),
+                                      derive_seed(cfg.seed, "comparator", r), 0)  # an independent RNG stream
+        if comp is not pol:
+            comp.close()
+        T.CALLS["generate"] += 2
+        target_scores = score_rewards(target_rows, by_id, ctx.caller, ctx.processor, "aligned", 0)
+        comp_scores = score_rewards(comp_rows, by_id, ctx.caller, ctx.processor, "aligned", 0)
+        shard_rows, selected = round_pairs(ctx, r, target_rows, target_scores, comp_rows, comp_scores, same,
+                                           pol.tokenizers)
+        shard = store.find("pairs", key) or store.put_table("pairs", key, shard_rows)
+        # --- replay: training pairs from this and earlier rounds' shards
+        shards = []
+        for k in keys[:r - 1]:
+            ref = store.find("pairs", k)
+            rows = store.read_rows(ref) if ref is not None else []
+            shards.append(_group(rows))
+        shards.append(_group(shard_rows))
+        train = sample_replay(shards, t.preference_replay_mode, t.preference_replay_k, t.preference_replay_lambda,
+                              t.preference_replay_sample_size, random.Random(derive_seed(cfg.seed, "replay", r)))
+        metrics = {"iter/current_iteration": float(r), "iter/current_preference_pairs": float(len(shards[-1])),
+                   "iter/total_preference_pairs": float(sum(len(s) for s in shards)),
+                   "iter/train_preference_pairs": float(len(train))}
+        # --- DPO on the training pairs
+        rng = random.Random(derive_seed(cfg.seed, "dpo-shuffle", r))
+        for _ in range(t.num_train_epochs if train else 0):
+            rng.shuffle(train)
+            for b in range(0, len(train), t.batch_size):
+                chunk = train[b:b + t.batch_size]
+                m = dpo_update(pol, {a: [p[a] for p in chunk] for a in range(ctx.n)}, t.dpo_beta)
+                T.CALLS["update"] += 1
+        if train:
+            metrics.update({k: v for k, v in m.items() if not k.startswith("agent_")})
+        reward_range = T.processed_range(ctx.caller.fn, cfg.reward.reward_range, ctx.processor)
+        drift = None
+        if t.log_reward_distribution:
+            if reward_range is None:
+                raise ValueError("log_reward_distribution needs a reward range: set reward.reward_range")
+            raw_t = {(s["item_id"], s["joint_idx"]): s["reward_raw"] for s in target_scores}
+            raw_c = {(s["item_id"], s["joint_idx"]): s["reward_raw"] for s in comp_scores}
+            drift = drift_record(r, reward_range[0], reward_range[1], list(raw_t.values()), list(raw_c.values()),
+                                 [raw_t[x] for x in selected], [raw_c[x] for x in selected])
+            metrics.update(drift_metrics(drift))
+            store.put_json("drift", key, drift)
+    except BaseException:
+        LIVE.clear()
+        raise
+    # --- evaluate (task reward) and checkpoint this round
+    _, ev = T.evaluate(pol, ctx.eval_items[:t.eval_num_samples] if t.eval_num_samples else ctx.eval_items, fmts,
+                       ctx.sampling, ctx.caller, ctx.processor, derive_seed(cfg.seed, "round-eval", r), ctx.episode)
+    T.CALLS["evaluate"] += 1
+    metrics.update(ev)
+    state = {"round": r, "algorithm": cfg.algorithm}
+    pol.state = state
+    ckpt = store.put_dir("checkpoint", key, lambda d: save_checkpoint(pol, d, state))
+    LIVE.put(key, pol)
+    rows = [{"key": k, "value": v, "env_step": r} for k, v in metrics.items()]
+    return {"checkpoint": ckpt, "metrics": store.put_table("metrics", key, rows), "shard": shard, "cached": False,
+            "drift": drift}
+
+
+def _group(rows: list[dict]) -> list[dict]:
+    """Pair rows (one per agent) -> one record per pair: {agent: row}."""
+    out: dict[int, dict[int, dict]] = {}
+    for x in rows:
+        out.setdefault(x["pair_id"], {})[x["agent"]] = x
+    return [out[k] for k in sorted(out)]
+
+
+def run_rounds(ctx: T.RunContext, max_new_rounds: int | None = None) -> list[dict]:
+    """Run the experiment's rounds in order, skipping stored ones; at most `max_new_rounds` new ones."""
+    out, new = [], 0
+    for r in range(1, ctx.cfg.trainer.num_iterations + 1):
+        if max_new_rounds is not None and new >= max_new_rounds and \
+                ctx.store.find("checkpoint", round_keys(ctx)[r - 1]) is None:
+            break
+        res = run_round(ctx, r)
+        new += 0 if res["cached"] else 1
+        out.append(res)
+    return out
