@@ -215,7 +215,8 @@ def _fmt(v) -> str:
 def _print_summary(s: dict) -> None:
     print("\n== coopflow run summary ==")
     for k in ("algorithm", "env_steps", "reward_first", "reward_last", "train_seconds", "env_steps_per_s",
-              "wall_seconds", "mlflow_run_id", "run_key", "checkpoint", "executed"):
+              "wall_seconds", "mlflow_run_id", "run_key", "checkpoint", "executed", "pair_count", "completed_rounds",
+              "ran_rounds"):
         if k in s:
             print(f"{k:>16}: {_fmt(s[k])}")
     if "budget" in s:
