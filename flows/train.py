@@ -34,6 +34,14 @@ STAGES = ("taskset", "train", "evaluate", "score", "critic")
 """Stages a flow run can be limited to with `stages=[...]`; 'score' re-scores stored rollouts."""
 
 
+def _public(cfg: RunConfig) -> dict:
+    """The config as logged to MLflow: secrets (an API key) are masked, never logged."""
+    data = cfg.model_dump(mode="json")
+    if (data.get("trainer") or {}).get("comparator_api_key"):
+        data["trainer"]["comparator_api_key"] = "***"
+    return data
+
+
 def _no_retry_on_bad_input(task, task_run, state) -> bool:
     """Retry a segment only for errors that a retry can fix (not bad config/numerics/corruption)."""
     try:
@@ -137,7 +145,7 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
         _check_continuation(tracker, continue_run, ends)
     run_id = tracker.start(tr.run_name or f"{algorithm}-{run_key[:8]}",
                            {"coopflow.algorithm": algorithm, "coopflow.run_key": run_key, **prefect_tags},
-                           cfg.model_dump(mode="json"), run_id=continue_run)
+                           _public(cfg), run_id=continue_run)
     if continue_run:
         tracker.tag({"coopflow.run_key": run_key, **prefect_tags})
     logger.info("%s: %s in %d segment(s), run_key %s, mlflow run %s", algorithm, ctx.budget.describe(),
@@ -256,7 +264,7 @@ def _log_run_files(tracker: Tracker, store: ArtifactStore, cfg: RunConfig, summa
                    curve: "CurvePNG | None") -> None:
     if not tracker.enabled:
         return
-    files: dict[str, Any] = {"summary.json": summary, "config.json": cfg.model_dump(mode="json"),
+    files: dict[str, Any] = {"summary.json": summary, "config.json": _public(cfg),
                              "lineage.json": tracker.lineage}
     if curve is not None and curve.result() is not None:
         files["reward_curve.png"] = curve.result()
@@ -331,7 +339,7 @@ def run_preference(algorithm: str, config: dict | None, config_path: str | None,
     taskset = build_taskset_task(cfg, quote(store))
     ctx = P.preference_context(cfg, store, taskset)
     run_id = tracker.start(tr.run_name or f"{algorithm}-{P.pairs_key(ctx)[:8]}", {"coopflow.algorithm": algorithm},
-                           cfg.model_dump(mode="json"))
+                           _public(cfg))
     logger.info("%s: %s, pairs key %s, mlflow run %s", algorithm, ctx.budget.describe(), P.pairs_key(ctx), run_id)
     ok = False
     try:
@@ -481,7 +489,7 @@ def train_madpo_iter(config: dict | None = None, config_path: str | None = None,
     ctx = T.make_context(cfg, store, taskset)
     keys = I.round_keys(ctx)
     done = I.completed_rounds(ctx)
-    run_id = _parent_run(parent, keys[0], tr.run_name or f"madpo-iter-{keys[0][:8]}", cfg.model_dump(mode="json"))
+    run_id = _parent_run(parent, keys[0], tr.run_name or f"madpo-iter-{keys[0][:8]}", _public(cfg))
     get_run_logger().info("madpo-iter: %d of %d rounds stored; mlflow parent run %s", done, len(keys), run_id)
     ok, ran, summary = False, [], {"algorithm": "madpo-iter", "mlflow_run_id": run_id, "rounds": len(keys)}
     try:

@@ -593,7 +593,8 @@ def check_replay(mode: str, k: int | None, lam: float | None, sample_size: int |
 COMPARATOR_ALIASES = {"current": "current", "self": "current", "online": "current",
                       "history": "history", "checkpoint": "history", "previous": "history",
                       "previous_iteration": "history",
-                      "model": "model", "external": "model", "comparator": "model", "reference": "model", "ref": "model"}
+                      "model": "model", "external": "model", "comparator": "model", "reference": "model", "ref": "model",
+                      "api": "api", "http": "api", "endpoint": "api"}
 
 
 class MADPOIterConfig(MADPOConfig):
@@ -618,15 +619,32 @@ class MADPOIterConfig(MADPOConfig):
     comparator_agents: list[str] | None = Field(None, description="model comparator: one source per agent.")
     comparator_num_candidates: int | None = Field(None, ge=1, description="P_c comparator candidates (null = P).")
     comparator_history_k: int | None = Field(None, ge=1, description="history comparator: rounds back (default 1).")
+    comparator_api_url: str | None = Field(None, description="api comparator: the HTTP endpoint (required for api).")
+    comparator_api_model: str | None = Field(None, description="api comparator: model name sent in the request.")
+    comparator_api_format: str = Field("generic", description="generic | openai (openai_chat, chat) | anthropic "
+                                                              "(anthropic_messages, messages) | openai_responses.")
+    comparator_api_timeout: float = Field(120.0, gt=0, description="api comparator: seconds per request.")
+    comparator_api_retries: int = Field(2, ge=0, description="api comparator: retries after a timeout or HTTP 5xx.")
+    comparator_api_max_n_per_request: int | None = Field(None, ge=1, description="openai format: n per request cap.")
+    comparator_api_headers: dict[str, str] | None = Field(None, description="api comparator: extra HTTP headers.")
+    comparator_api_key: str | None = Field(None, description="api comparator: the key itself (prefer "
+                                                             "comparator_api_key_env; never logged).")
+    comparator_api_key_env: str | None = Field(None, description="api comparator: environment variable holding "
+                                                                 "the key.")
+    comparator_api_key_header: str = Field("Authorization", description="api comparator: header carrying the key.")
+    comparator_api_key_prefix: str = Field("Bearer", description="api comparator: prefix before the key.")
+    comparator_api_extra_body: dict[str, Any] | None = Field(None, description="api comparator: extra request fields.")
+    comparator_api_response_field: str = Field("completions", description="generic format: dotted path of the "
+                                                                           "completions list in the response.")
 
     @field_validator("comparator_policy")
     @classmethod
     def _comparator(cls, v: str) -> str:
         key = str(v).lower()
         if key not in COMPARATOR_ALIASES:
-            raise ValueError(f"comparator_policy must be one of current, history, model (or an alias); got {v!r}"
-                             + (" — the current_copy and api comparators are not available in this release"
-                                if key in ("api", "http", "endpoint", "current_copy", "copy") else ""))
+            raise ValueError(f"comparator_policy must be one of current, history, model, api (or an alias); got {v!r}"
+                             + (" — the current_copy comparator is not available in this release"
+                                if key in ("current_copy", "copy", "online_copy") else ""))
         return COMPARATOR_ALIASES[key]
 
     @model_validator(mode="after")
@@ -640,6 +658,8 @@ class MADPOIterConfig(MADPOConfig):
             raise ValueError("comparator_model_name / comparator_agents are only allowed with comparator_policy 'model'")
         if self.comparator_history_k is not None and self.comparator_policy != "history":
             raise ValueError("comparator_history_k is only allowed with comparator_policy 'history'")
+        if self.comparator_policy == "api" and not self.comparator_api_url:
+            raise ValueError("comparator_policy 'api' requires comparator_api_url")
         return self
 
 

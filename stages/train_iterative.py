@@ -35,7 +35,8 @@ def round_keys(ctx: T.RunContext) -> list[str]:
     """Checkpoint key of every round 1..num_iterations (computable before anything runs)."""
     t, out, prev = ctx.cfg.trainer, [], ctx.start_key
     fmt = [ctx.cfg.formatter_for(i).model_dump() for i in range(ctx.n)]
-    settings = t.model_dump(exclude={"num_iterations", "eval_interval", "eval_num_samples", "logging_steps"})
+    settings = t.model_dump(exclude={"num_iterations", "eval_interval", "eval_num_samples", "logging_steps",
+                                     "comparator_api_key", "comparator_api_timeout", "comparator_api_retries"})
     for r in range(1, t.num_iterations + 1):
         prev = key_for("checkpoint", {"prev": prev, "round": r, "items": items_digest(ctx.train_items),
                                       "trainer": settings, "formatters": fmt, "reward": ctx.reward_id,
@@ -76,6 +77,26 @@ def _comparator(ctx: T.RunContext, r: int, keys: list[str], target):
     srcs = t.comparator_agents or [t.comparator_model_name] * ctx.n
     paths, _ = T.resolve_model_sources(srcs, ctx.cfg, ctx.store, "trainer.comparator_model_name")
     return load_policies(paths, t.agent_learning_rate, a.dtype, a.attn_implementation, a.device), False
+
+
+def api_rows(ctx: T.RunContext, prompts: list[list[str]], n: int) -> list[dict]:
+    """Comparator candidates from the HTTP comparator, as rollout-like rows (texts only)."""
+    from stages.comparator_api import APIComparator
+
+    t = ctx.cfg.trainer
+    api = APIComparator(t.comparator_api_url, t.comparator_api_format, t.comparator_api_model, t.comparator_api_timeout,
+                        t.comparator_api_headers or {}, t.comparator_api_key, t.comparator_api_key_env,
+                        t.comparator_api_key_header, t.comparator_api_key_prefix, t.comparator_api_extra_body or {},
+                        t.comparator_api_response_field, t.comparator_api_max_n_per_request, t.comparator_api_retries)
+    rows = []
+    for j, item in enumerate(ctx.train_items):
+        for a in range(ctx.n):
+            texts = api.complete(prompts[a][j], n, a, t.max_new_tokens, t.temperature, t.top_p, t.top_k, item)
+            for s, text in enumerate(texts):
+                rows.append({"step": 0, "item_id": item["_item_id"], "turn": 0, "node_id": j, "agent": a, "sample": s,
+                             "prompt": prompts[a][j], "prompt_ids": [], "completion_ids": [], "completion_text": text,
+                             "length": 0, "finished": True, "ref_kl": 0.0, "parent_node": -1, "parent_joint": -1})
+    return rows
 
 
 def _reward_lists(scores: list[dict]) -> dict[int, list[float]]:
@@ -139,11 +160,14 @@ def run_round(ctx: T.RunContext, r: int) -> dict:
     try:
         # --- generate -> compare
         target_rows = generate_rollouts(pol, prompts, ids, _sampling(ctx, P), derive_seed(cfg.seed, "target", r), 0)
-        comp, same = _comparator(ctx, r, keys, pol)
-        comp_rows = generate_rollouts(comp, prompts, ids, _sampling(ctx, t.comparator_num_candidates or P),
-                                      derive_seed(cfg.seed, "comparator", r), 0)  # an independent RNG stream
-        if comp is not pol:
-            comp.close()
+        if t.comparator_policy == "api":
+            comp_rows, same = api_rows(ctx, prompts, t.comparator_num_candidates or P), False
+        else:
+            comp, same = _comparator(ctx, r, keys, pol)
+            comp_rows = generate_rollouts(comp, prompts, ids, _sampling(ctx, t.comparator_num_candidates or P),
+                                          derive_seed(cfg.seed, "comparator", r), 0)  # an independent RNG stream
+            if comp is not pol:
+                comp.close()
         T.CALLS["generate"] += 2
         target_scores = score_rewards(target_rows, by_id, ctx.caller, ctx.processor, "aligned", 0)
         comp_scores = score_rewards(comp_rows, by_id, ctx.caller, ctx.processor, "aligned", 0)

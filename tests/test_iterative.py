@@ -25,7 +25,8 @@ def test_iterative_config_rules():
             ({"comparator_model_name": "tiny"}, "only allowed with comparator_policy 'model'"),
             ({"comparator_history_k": 2}, "only allowed with comparator_policy 'history'"),
             ({"preference_replay_mode": "lambda_decay"}, "requires preference_replay_lambda"),
-            ({"comparator_policy": "api"}, "not available in this release")):
+            ({"comparator_policy": "api"}, "requires comparator_api_url"),
+            ({"comparator_policy": "current_copy"}, "not available in this release")):
         with pytest.raises(ConfigError, match=msg):
             validate_config({"trainer": trainer}, "madpo-iter")
     t = validate_config({"trainer": {"comparator_policy": "previous"}}, "madpo-iter").trainer

@@ -1,0 +1,125 @@
+"""The HTTP comparator against a small server this test starts on 127.0.0.1 (no real endpoint)."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from stages.comparator_api import APIComparator
+
+SEEN: list[dict] = []
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):  # quiet
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        SEEN.append({"path": self.path, "body": body, "headers": {k.lower(): v for k, v in self.headers.items()}})
+        if self.path == "/broke":
+            return self._send(402, {"error": "pay"})
+        if self.path == "/bad":
+            return self._send(400, {"error": "nope"})
+        if self.path == "/slow":
+            time.sleep(1.0)
+        if self.path == "/flaky" and sum(1 for s in SEEN if s["path"] == "/flaky") == 1:
+            return self._send(503, {"error": "later"})
+        if self.path.startswith("/openai"):
+            n = body["n"]
+            return self._send(200, {"choices": [{"message": {"content": f"oa{i}"}} for i in range(n)]})
+        if self.path == "/anthropic":
+            return self._send(200, {"content": [{"type": "text", "text": "claude says"}]})
+        if self.path == "/responses":
+            return self._send(200, {"output": [{"content": [{"type": "output_text", "text": "resp"}]}]})
+        n = body["num_return_sequences"]
+        return self._send(200, {"data": {"items": [{"text": f"g{body['agent_idx']}-{i}"} for i in range(n)]}})
+
+    def _send(self, code, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def _call(api, n=2):
+    return api.complete("write", n, 1, 16, 0.7, 0.9, 50, {"prompt": "write", "_item_id": 3})
+
+
+def test_generic_format_payload_path_and_auth_from_env(server, monkeypatch):
+    monkeypatch.setenv("CMP_KEY", "s3cret")
+    SEEN.clear()
+    api = APIComparator(f"{server}/gen", "generic", model="m1", key_env="CMP_KEY", response_field="data.items",
+                        extra_body={"stop": ["\n"]})
+    assert _call(api, 3) == ["g1-0", "g1-1", "g1-2"]
+    req = SEEN[-1]
+    assert req["body"]["num_return_sequences"] == 3 and req["body"]["model"] == "m1" and req["body"]["stop"] == ["\n"]
+    assert req["body"]["batch_item"] == {"prompt": "write"}  # private fields are not sent
+    assert req["headers"]["authorization"] == "Bearer s3cret"
+
+
+def test_openai_anthropic_and_responses_formats(server):
+    SEEN.clear()
+    oa = APIComparator(f"{server}/openai", "chat", model="gpt", max_n_per_request=2)
+    assert _call(oa, 3) == ["oa0", "oa1", "oa0"]  # n capped at 2 per request: two requests
+    assert [s["body"]["n"] for s in SEEN] == [2, 1] and SEEN[0]["body"]["messages"][0]["content"] == "write"
+    ds = APIComparator(f"{server}/openai", "openai", model="deepseek-chat")
+    SEEN.clear()
+    _call(ds, 2)
+    assert [s["body"]["n"] for s in SEEN] == [1, 1]  # forced to 1 for DeepSeek
+    an = APIComparator(f"{server}/anthropic", "anthropic", model="claude", key="k")
+    SEEN.clear()
+    assert _call(an, 2) == ["claude says", "claude says"] and len(SEEN) == 2  # one candidate per request
+    assert SEEN[0]["headers"]["x-api-key"] == "k" and SEEN[0]["headers"]["anthropic-version"] == "2023-06-01"
+    assert "authorization" not in SEEN[0]["headers"]
+    rs = APIComparator(f"{server}/responses", "codex", model="o")
+    assert _call(rs, 1) == ["resp"]
+
+
+def test_errors_402_4xx_timeout_and_retry(server):
+    with pytest.raises(RuntimeError, match="402: insufficient balance"):
+        _call(APIComparator(f"{server}/broke", key="topsecret"))
+    with pytest.raises(ValueError, match="HTTP 400") as err:
+        _call(APIComparator(f"{server}/bad", key="topsecret"))
+    assert "topsecret" not in str(err.value)
+    with pytest.raises(ValueError, match="timed out after 0.2 s"):
+        _call(APIComparator(f"{server}/slow", timeout=0.2, retries=1))
+    SEEN.clear()
+    assert _call(APIComparator(f"{server}/flaky", response_field="data.items"), 1) == ["g1-0"]  # 503, then retried
+    with pytest.raises(ValueError, match="comparator_api_format"):
+        APIComparator(server, "grpc")
+
+
+def test_api_comparator_in_a_round(server, tmp_path):
+    from schemas.config import validate_config
+    from stages import train_iterative as I
+    from stages import train_online as T
+    from stages.build_taskset import build_taskset
+    from stages.models import LIVE
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path)
+    cfg["trainer"] = {"num_iterations": 1, "max_new_tokens": 8, "preference_num_candidates": 2, "train_batch_size": 4,
+                      "eval_num_samples": 2, "comparator_policy": "http", "comparator_api_url": f"{server}/gen",
+                      "comparator_api_response_field": "data.items", "comparator_api_key": "hidden"}
+    c = validate_config(cfg, "madpo-iter")
+    store = T.ArtifactStore(tmp_path / "artifacts")
+    ctx = T.make_context(c, store, build_taskset(c.taskset, store))
+    LIVE.clear()
+    res = I.run_rounds(ctx)[0]
+    rows = store.read_rows(res["shard"])
+    texts = {r["chosen"] for r in rows} | {r["rejected"] for r in rows}
+    assert any(t.startswith("g") for t in texts)  # the comparator's side came from the HTTP service
+    LIVE.clear()
