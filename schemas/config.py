@@ -594,7 +594,9 @@ COMPARATOR_ALIASES = {"current": "current", "self": "current", "online": "curren
                       "history": "history", "checkpoint": "history", "previous": "history",
                       "previous_iteration": "history",
                       "model": "model", "external": "model", "comparator": "model", "reference": "model", "ref": "model",
-                      "api": "api", "http": "api", "endpoint": "api"}
+                      "api": "api", "http": "api", "endpoint": "api",
+                      "current_copy": "current_copy", "copy": "current_copy", "online_copy": "current_copy",
+                      "current_offload": "current_copy", "current-offload": "current_copy"}
 
 
 class MADPOIterConfig(MADPOConfig):
@@ -613,11 +615,14 @@ class MADPOIterConfig(MADPOConfig):
                                                                          "round's count).")
     log_reward_distribution: bool = Field(False, description="Log the per-round reward histograms (needs a reward "
                                                              "range: reward.reward_range or the function's).")
-    comparator_policy: str = Field("current", description="current (independent RNG stream) | history (the "
-                                                          "checkpoint k rounds back) | model (frozen models).")
+    comparator_policy: str = Field("current", description="current (independent RNG stream) | current_copy (a "
+                                                          "frozen copy, on comparator_devices) | history (the "
+                                                          "checkpoint k rounds back) | model (frozen models) | api.")
     comparator_model_name: str | None = Field(None, description="model comparator: one source for all agents.")
     comparator_agents: list[str] | None = Field(None, description="model comparator: one source per agent.")
     comparator_num_candidates: int | None = Field(None, ge=1, description="P_c comparator candidates (null = P).")
+    comparator_devices: str | list[str] | None = Field(None, description="Devices of current_copy / model "
+                                                                         "comparators; null = the agents' device.")
     comparator_history_k: int | None = Field(None, ge=1, description="history comparator: rounds back (default 1).")
     comparator_api_url: str | None = Field(None, description="api comparator: the HTTP endpoint (required for api).")
     comparator_api_model: str | None = Field(None, description="api comparator: model name sent in the request.")
@@ -642,9 +647,8 @@ class MADPOIterConfig(MADPOConfig):
     def _comparator(cls, v: str) -> str:
         key = str(v).lower()
         if key not in COMPARATOR_ALIASES:
-            raise ValueError(f"comparator_policy must be one of current, history, model, api (or an alias); got {v!r}"
-                             + (" — the current_copy comparator is not available in this release"
-                                if key in ("current_copy", "copy", "online_copy") else ""))
+            raise ValueError(f"comparator_policy must be one of current, current_copy, history, model, api (or an "
+                             f"alias); got {v!r}")
         return COMPARATOR_ALIASES[key]
 
     @model_validator(mode="after")

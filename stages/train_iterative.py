@@ -23,7 +23,7 @@ from stages import train_online as T
 from stages.build_pairs import aligned_comparisons
 from stages.build_taskset import items_digest
 from stages.generate_rollouts import SamplingConfig, derive_seed, generate_rollouts
-from stages.models import LIVE, load_policies, save_checkpoint
+from stages.models import LIVE, Policies, load_policies, save_checkpoint
 from stages.replay import sample_replay
 from stages.reward_drift import drift_metrics, drift_record
 from stages.score_rewards import score_rewards
@@ -62,21 +62,33 @@ def _sampling(ctx: T.RunContext, p: int) -> SamplingConfig:
 
 def _comparator(ctx: T.RunContext, r: int, keys: list[str], target):
     """(comparator policies, whether they are the target's own models) for round r."""
+    from stages.agent_workers import agent_devices
+
     t = ctx.cfg.trainer
     a = ctx.cfg.agents
-    if t.comparator_policy == "current":
-        return target, True
+    devices = agent_devices(t.comparator_devices, ctx.n, a.device)
+    if t.comparator_policy == "current" or (t.comparator_policy == "current_copy" and set(devices) == {a.device}):
+        return target, True  # (current_copy on the agents' own devices uses the agents, as the reference)
+    if t.comparator_policy == "current_copy":  # a frozen copy of this round's starting policy on other devices
+        prev = ctx.store.find("checkpoint", keys[r - 2]) if r > 1 else None
+        dirs = T.checkpoint_sources(ctx.store.open_dir(prev), ctx.n)[0] if prev is not None else ctx.sources
+        pols = [load_policies([d], t.agent_learning_rate, a.dtype, a.attn_implementation, dev).agents[0]
+                for d, dev in zip(dirs, devices)]
+        return Policies(pols), False
     if t.comparator_policy == "history":
         k = t.comparator_history_k or 1
         for back in range(r - k, 0, -1):  # round r-k, else the newest earlier one, else the initial agents
             ref = ctx.store.find("checkpoint", keys[back - 1])
             if ref is not None:
                 dirs, _, _ = T.checkpoint_sources(ctx.store.open_dir(ref), ctx.n)
-                return load_policies(dirs, t.agent_learning_rate, a.dtype, a.attn_implementation, a.device), False
-        return load_policies(ctx.sources, t.agent_learning_rate, a.dtype, a.attn_implementation, a.device), False
+                return Policies([load_policies([d], t.agent_learning_rate, a.dtype, a.attn_implementation,
+                                               dev).agents[0] for d, dev in zip(dirs, devices)]), False
+        return Policies([load_policies([d], t.agent_learning_rate, a.dtype, a.attn_implementation, dev).agents[0]
+                         for d, dev in zip(ctx.sources, devices)]), False
     srcs = t.comparator_agents or [t.comparator_model_name] * ctx.n
     paths, _ = T.resolve_model_sources(srcs, ctx.cfg, ctx.store, "trainer.comparator_model_name")
-    return load_policies(paths, t.agent_learning_rate, a.dtype, a.attn_implementation, a.device), False
+    return Policies([load_policies([d], t.agent_learning_rate, a.dtype, a.attn_implementation, dev).agents[0]
+                     for d, dev in zip(paths, devices)]), False
 
 
 def api_rows(ctx: T.RunContext, prompts: list[list[str]], n: int) -> list[dict]:

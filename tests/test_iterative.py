@@ -26,7 +26,7 @@ def test_iterative_config_rules():
             ({"comparator_history_k": 2}, "only allowed with comparator_policy 'history'"),
             ({"preference_replay_mode": "lambda_decay"}, "requires preference_replay_lambda"),
             ({"comparator_policy": "api"}, "requires comparator_api_url"),
-            ({"comparator_policy": "current_copy"}, "not available in this release")):
+            ({"comparator_policy": "mirror"}, "must be one of current, current_copy, history, model, api")):
         with pytest.raises(ConfigError, match=msg):
             validate_config({"trainer": trainer}, "madpo-iter")
     t = validate_config({"trainer": {"comparator_policy": "previous"}}, "madpo-iter").trainer
@@ -66,3 +66,14 @@ def test_history_comparator_falls_back_to_the_initial_agents_and_model_comparato
     out = I.run_rounds(ctx2)
     assert len(out) == 1 and ctx2.store.read_rows(out[0]["shard"]) is not None
     LIVE.clear()
+
+
+def test_current_copy_comparator_uses_the_agents_on_their_own_devices_else_a_copy(tmp_path):
+    ctx = _ctx(tmp_path, comparator_policy="copy", num_iterations=1)
+    assert ctx.cfg.trainer.comparator_policy == "current_copy"
+    sentinel = object()
+    assert I._comparator(ctx, 1, I.round_keys(ctx), sentinel) == (sentinel, True)  # same devices: the agents
+    ctx2 = _ctx(tmp_path / "c", comparator_policy="current_copy", comparator_devices=["cpu:0", "cpu:0"],
+                num_iterations=1)
+    comp, same = I._comparator(ctx2, 1, I.round_keys(ctx2), sentinel)
+    assert same is False and comp.n == 2  # a frozen copy of the round's starting policy (here: the initial one)
