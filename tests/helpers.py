@@ -52,3 +52,17 @@ def char_length_metrics(samples):
 def constant_reward(c1, c2):
     """The same reward for every joint answer: no preference pairs can be built."""
     return [0.5]
+
+
+def killed_after_calls(c1, c2):
+    """length_ratio, but the process SIGKILLs itself on call number KILL_AT_CALL (a crash mid-round)."""
+    import os
+    import signal
+
+    _CALLS[0] += 1
+    if _CALLS[0] == int(os.environ.get("KILL_AT_CALL", "0")):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return length_ratio(c1, c2)
+
+
+_CALLS = [0]

@@ -77,3 +77,55 @@ def test_current_copy_comparator_uses_the_agents_on_their_own_devices_else_a_cop
                 num_iterations=1)
     comp, same = I._comparator(ctx2, 1, I.round_keys(ctx2), sentinel)
     assert same is False and comp.n == 2  # a frozen copy of the round's starting policy (here: the initial one)
+
+
+_ROUNDS_SCRIPT = """
+import json, sys
+from schemas.config import validate_config
+from stages import train_iterative as I
+from stages import train_online as T
+from stages.build_taskset import build_taskset
+c = validate_config(json.loads(sys.argv[1]), "madpo-iter")
+store = T.ArtifactStore(c.data_dir + "/artifacts")
+ctx = T.make_context(c, store, build_taskset(c.taskset, store))
+I.run_rounds(ctx, max_new_rounds=int(sys.argv[2]) if len(sys.argv) > 2 else None)
+"""
+
+
+@pytest.mark.slow
+def test_a_process_killed_mid_round_resumes_from_the_last_completed_round(tmp_path):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cfg = small_config(tmp_path)
+    cfg["reward"] = {"name": "tests.helpers:killed_after_calls"}
+    cfg["trainer"] = {"num_iterations": 2, "agent_learning_rate": 1e-3, "max_new_tokens": 8, "temperature": 1.0,
+                      "preference_num_candidates": 4, "train_batch_size": 4, "eval_num_samples": 2,
+                      "preference_replay_mode": "all_history"}
+    repo = Path(__file__).resolve().parents[1]
+
+    def rounds(*extra, kill_at=0):
+        env = {**os.environ, "KILL_AT_CALL": str(kill_at), "PYTHONPATH": str(repo)}
+        return subprocess.run([sys.executable, "-c", _ROUNDS_SCRIPT, json.dumps(cfg), *extra], cwd=repo, env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    first = rounds("1")
+    assert first.returncode == 0, first.stderr[-2000:]
+    c = validate_config(cfg, "madpo-iter")
+    store = T.ArtifactStore(tmp_path / "artifacts")
+    ctx = T.make_context(c, store, build_taskset(c.taskset, store))
+    keys = I.round_keys(ctx)
+    shard1, ckpt1 = store.read_rows(store.find("pairs", keys[0])), store.find("checkpoint", keys[0]).sha256
+    killed = rounds(kill_at=5)  # round 2 is SIGKILLed while scoring its candidates
+    assert killed.returncode == -signal.SIGKILL
+    assert I.completed_rounds(ctx) == 1
+    resumed = rounds()
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert I.completed_rounds(ctx) == 2
+    assert store.read_rows(store.find("pairs", keys[0])) == shard1  # round 1 is untouched ...
+    assert store.find("checkpoint", keys[0]).sha256 == ckpt1
+    assert store.find("checkpoint", keys[1]) is not None  # ... and round 2 finished after the restart
