@@ -49,6 +49,10 @@ class AgentsConfig(_Strict):
     attn_implementation: str | None = Field(
         "sdpa", description="Attention kernel passed to from_pretrained; null leaves the model's default.")
     device: str = Field("cpu", description="Torch device for every agent ('cpu', 'cuda', 'cuda:0', 'auto').")
+    generation_backend: Literal["auto", "hf"] = Field(
+        "auto", description="How agents sample: 'auto' = coopflow's KV-cache loop for Llama-family models "
+                            "(Qwen2/Llama/Mistral; same tokens as generate for the same seed), else "
+                            "transformers' generate; 'hf' = always generate.")
     tiny_hidden_size: int = Field(64, ge=8, description="Hidden size of the built-in 'tiny' model.")
     tiny_num_layers: int = Field(2, ge=1, description="Layer count of the built-in 'tiny' model.")
 

@@ -25,7 +25,7 @@ def evaluate(policies: Policies, items: list[dict], formatters: list[Callable[[d
         return [], {}
     episode = episode or Episode()
     n = policies.n
-    one = SamplingConfig(1, sampling.max_new_tokens, sampling.temperature, sampling.top_p, sampling.top_k)
+    one = sampling.with_k(1)
     by_id = {it["_item_id"]: it for it in items}
     ids = [it["_item_id"] for it in items]
     prompts = [[f(it) for it in items] for f in formatters]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from stages import fast_decode
 from stages.models import Policies
 
 
@@ -30,6 +31,19 @@ class SamplingConfig:
     temperature: float
     top_p: float
     top_k: int | None
+    backend: str = "auto"  # auto: the KV-cache loop (stages/fast_decode.py) where the model supports it; hf: generate
+
+    @classmethod
+    def of(cls, cfg, k: int) -> "SamplingConfig":
+        """k samples per prompt with a run config's sampling settings and generation backend."""
+        t = cfg.trainer
+        return cls(k, t.max_new_tokens, t.temperature, t.top_p, t.top_k, cfg.agents.generation_backend)
+
+    def with_k(self, k: int) -> "SamplingConfig":
+        """The same settings with k samples per prompt."""
+        from dataclasses import replace
+
+        return replace(self, num_generations=k)
 
     def generation_config(self, tok):
         from transformers import GenerationConfig
@@ -75,14 +89,17 @@ def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: Samplin
     torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
     if device.type == "cuda":
         torch.cuda.manual_seed_all(seed)
-    out = model.generate(input_ids=input_ids, attention_mask=attn,
-                         generation_config=sampling.generation_config(tok))
+    if sampling.backend == "auto" and fast_decode.supports(model):
+        new = fast_decode.sample(model, input_ids, attn, sampling.max_new_tokens, sampling.temperature,
+                                 sampling.top_k, sampling.top_p, tok.eos_token_id, tok.pad_token_id)
+    else:
+        new = model.generate(input_ids=input_ids, attention_mask=attn,
+                             generation_config=sampling.generation_config(tok))[:, input_ids.shape[1]:]
     if was_training:
         model.train()
-    P = input_ids.shape[1]
     eos, pad = tok.eos_token_id, tok.pad_token_id
     rows = []
-    seqs = out[:, P:].tolist()
+    seqs = new.tolist()
     for r, row in enumerate(seqs):
         mask = attn[r].tolist()
         p_ids = [t for t, m in zip(input_ids[r].tolist(), mask) if m]

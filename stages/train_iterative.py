@@ -56,8 +56,7 @@ def completed_rounds(ctx: T.RunContext) -> int:
 
 
 def _sampling(ctx: T.RunContext, p: int) -> SamplingConfig:
-    t = ctx.cfg.trainer
-    return SamplingConfig(p, t.max_new_tokens, t.temperature, t.top_p, t.top_k)
+    return SamplingConfig.of(ctx.cfg, p)
 
 
 def _comparator(ctx: T.RunContext, r: int, keys: list[str], target):

@@ -200,7 +200,7 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
     evals = load_items(store, taskset, "eval")
     task_caller = RewardCaller(resolve_reward(cfg.reward.name, cfg.reward.kwargs), cfg.agents.n)
     caller = RewardCaller(reward_override[0], cfg.agents.n) if reward_override else task_caller
-    sampling = SamplingConfig(t.num_generations, t.max_new_tokens, t.temperature, t.top_p, t.top_k)
+    sampling = SamplingConfig.of(cfg, t.num_generations)
     ac = is_actor_critic(cfg)
     init: dict = {"init": source_ident}
     critic_paths = None

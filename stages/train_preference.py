@@ -39,8 +39,7 @@ STAGE_VERSION = "1"
 
 
 def candidate_sampling(cfg: RunConfig) -> SamplingConfig:
-    t = cfg.trainer
-    return SamplingConfig(t.preference_num_candidates, t.max_new_tokens, t.temperature, t.top_p, t.top_k)
+    return SamplingConfig.of(cfg, cfg.trainer.preference_num_candidates)
 
 
 def preference_budget(ctx: T.RunContext) -> budget_mod.Budget:

@@ -1,0 +1,73 @@
+"""The KV-cache sampling loop draws exactly the tokens `generate` draws for the same seed."""
+
+import pytest
+import torch
+from transformers import AutoTokenizer, GenerationConfig
+
+from stages import fast_decode as FD
+from stages.generate_rollouts import SamplingConfig, generate_for_agent
+from stages.models import load_agent
+
+PROMPTS = ["Once upon a time", "A dog", "the quick brown fox jumps over the lazy", "Hi"]
+
+
+def _both(model, tok, top_k, top_p, temperature, eos, tokens=24, k=4, seed=3):
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    ids, am = enc.input_ids.repeat_interleave(k, 0), enc.attention_mask.repeat_interleave(k, 0)
+    gc = GenerationConfig(do_sample=True, max_new_tokens=tokens, temperature=temperature, top_p=top_p,
+                          top_k=top_k, pad_token_id=tok.pad_token_id, eos_token_id=eos, bos_token_id=None)
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        ref = model.generate(input_ids=ids, attention_mask=am, generation_config=gc)[:, ids.shape[1]:]
+    torch.manual_seed(seed)
+    mine = FD.sample(model, ids, am, tokens, temperature, top_k, top_p, eos, tok.pad_token_id)
+    return ref, mine
+
+
+@pytest.mark.parametrize("top_k,top_p,temperature", [(50, 1.0, 1.0), (50, 0.6, 0.6), (0, 0.9, 0.7), (1, 1.0, 1.0)])
+def test_same_tokens_as_generate_with_left_padding_and_every_warper(tiny_model_dir, top_k, top_p, temperature):
+    model, tok = load_agent(tiny_model_dir)
+    model.eval()
+    assert FD.supports(model)
+    ref, mine = _both(model, tok, top_k, top_p, temperature, tok.eos_token_id)
+    assert torch.equal(ref, mine)
+
+
+def test_early_stop_and_pads_after_eos_match_generate(tiny_model_dir):
+    model, tok = load_agent(tiny_model_dir)
+    model.eval()
+    # make a frequently sampled token the EOS so sequences finish at different steps
+    ref0, _ = _both(model, tok, 50, 1.0, 1.0, tok.eos_token_id)
+    eos = int(torch.mode(ref0[:, :4].flatten()).values)
+    ref, mine = _both(model, tok, 50, 1.0, 1.0, eos, tokens=40)
+    finished = (ref == eos).any(1)
+    assert finished.any() and torch.equal(ref, mine)
+    first = (ref == eos).int().argmax(1)
+    for r in torch.nonzero(finished).flatten().tolist():  # everything after the first EOS is pad
+        assert (mine[r, first[r] + 1:] == tok.pad_token_id).all()
+
+
+def test_llama_layout_without_qkv_bias_and_unsupported_models_fall_back(tiny_model_dir):
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=48, intermediate_size=96,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)).eval()
+    assert FD.supports(llama)
+    ref, mine = _both(llama, tok, 50, 0.9, 0.8, tok.eos_token_id)
+    assert torch.equal(ref, mine)
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2)).eval()
+    assert not FD.supports(gpt2)
+    # the rollout stage uses generate for it, and for any model when backend is 'hf'
+    sampling = SamplingConfig(2, 6, 1.0, 1.0, 50)
+    rows = generate_for_agent(gpt2, tok, PROMPTS[:2], 2, sampling, seed=1)
+    assert len(rows) == 4 and all(len(r[1]) <= 6 for r in rows)
+
+
+def test_rollout_stage_rows_are_the_same_with_either_backend(tiny_model_dir):
+    model, tok = load_agent(tiny_model_dir)
+    auto = generate_for_agent(model, tok, PROMPTS, 3, SamplingConfig(3, 12, 0.8, 0.9, 50, "auto"), seed=7)
+    hf = generate_for_agent(model, tok, PROMPTS, 3, SamplingConfig(3, 12, 0.8, 0.9, 50, "hf"), seed=7)
+    assert auto == hf
