@@ -21,7 +21,8 @@ import urllib.request
 from pathlib import Path
 
 FLOW_NAMES = ("train-magrpo", "train-mareinforce", "train-marloo", "train-maremax", "train-iac", "train-maac", "train-madpo",
-              "train-marlhf", "train-madpo-iter")
+              "train-marlhf", "train-madpo-iter", "train-marlhf-iter")
+ITERATIVE = ("train-madpo-iter", "train-marlhf-iter")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
                                           "raising trainer.num_train_epochs); logs into that run")
     r.add_argument("--no-progress", action="store_true", help="hide progress bars")
     r.add_argument("--rounds", type=int, default=None,
-                   help="train-madpo-iter: run at most this many new rounds (default: all remaining)")
+                   help="train-madpo-iter / train-marlhf-iter: run at most this many new rounds (default: all remaining)")
     v = sub.add_parser("validate", help="validate a config (no model is loaded)")
     v.add_argument("--config")
     v.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -102,7 +103,7 @@ def config_reference() -> str:
     from pydantic_core import PydanticUndefined
 
     from schemas.config import (AgentsConfig, CriticConfig, FormatterConfig, IACConfig, MAACConfig, MADPOConfig,
-                                MADPOIterConfig, MAGRPOConfig, MARLHFConfig, RewardConfig, RunConfig, TasksetConfig, TrackingConfig,
+                                MADPOIterConfig, MAGRPOConfig, MARLHFConfig, MARLHFIterConfig, RewardConfig, RunConfig, TasksetConfig, TrackingConfig,
                                 TransitionConfig)
 
     def show(v) -> str:
@@ -151,6 +152,11 @@ def config_reference() -> str:
                  skip={("trainer.", n) for n in MADPOConfig.model_fields
                        if n not in ("num_train_epochs", "preference_num_candidates", "preference_pairs_per_sample",
                                     "pair_selection")})
+    out += ["", "Iterative MARLHF (`train-marlhf-iter`): the reference's `MARLHFIterConfig` — the MARLHF and "
+                "iterative fields above, with these defaults and one more field:", ""]
+    out += table([(MARLHFIterConfig, "trainer.")],
+                 skip={("trainer.", n) for n in MARLHFIterConfig.model_fields
+                       if n not in ("num_train_epochs", "reward_num_train_epochs", "preference_scoring_reward")})
     return "\n".join(out)
 
 
@@ -187,9 +193,9 @@ def _run(args) -> int:
         # No heartbeat thread: it adds ~1.1 s to every flow run and only serves crash detection
         # of runs executed by workers, which a foreground CLI run does not need.
         with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-            if args.flow == "train-madpo-iter":
+            if args.flow in ITERATIVE:
                 if args.stages or args.refresh or args.rescore_from or args.continue_run:
-                    raise ConfigError("train-madpo-iter runs rounds: it takes --rounds, not --stages/--refresh/"
+                    raise ConfigError(f"{args.flow} runs rounds: it takes --rounds, not --stages/--refresh/"
                                       "--rescore-from/--continue-run")
                 summary = FLOWS[args.flow](config_path=config_path, overrides=args.overrides or None,
                                            max_new_rounds=args.rounds, show_progress=not args.no_progress)

@@ -26,7 +26,7 @@ def deployments(name: str = "local", cron: str | None = None, interval: float | 
     out = []
     for fname, f in FLOWS.items():
         p = dict(params)
-        if fname == "train-madpo-iter":  # a scheduled run adds one round to the experiment
+        if fname in ("train-madpo-iter", "train-marlhf-iter"):  # a scheduled run adds one round to the experiment
             p["max_new_rounds"] = 1
         out.append(f.to_deployment(name=name, parameters=p, tags=["coopflow"], **kw))
     return out

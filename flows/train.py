@@ -448,18 +448,18 @@ def train_marlhf(config: dict | None = None, config_path: str | None = None,
     return run_preference("marlhf", config, config_path, overrides, stages, refresh, show_progress)
 
 
-# --- iterative (online) MADPO: one subflow per round ---------------------------------------------
+# --- iterative (online) MADPO / MARLHF: one subflow per round -----------------------------------
 
 
-@flow(name="madpo-round", flow_run_name="round-{r}", log_prints=True, validate_parameters=False)
+@flow(name="preference-round", flow_run_name="round-{r}", log_prints=True, validate_parameters=False)
 def round_flow(ctx: Any, r: int) -> dict:  # ctx: a T.RunContext (Any: no parameter schema for it)
-    """One round: target + comparator candidates, index-aligned pairs (a replay shard), replay, DPO, eval."""
+    """One round: target + comparator candidates, aligned pairs (a replay shard), replay, training, eval."""
     from stages import train_iterative as I
 
     return I.run_round(ctx, r)
 
 
-def _parent_run(tracker: Tracker, exp_key: str, name: str, params: dict) -> str | None:
+def _parent_run(tracker: Tracker, exp_key: str, name: str, params: dict, algorithm: str) -> str | None:
     """The experiment's MLflow parent run: reopened when an earlier (scheduled) run created it."""
     if not tracker.enabled:
         return None
@@ -467,18 +467,16 @@ def _parent_run(tracker: Tracker, exp_key: str, name: str, params: dict) -> str 
                                        max_results=1)
     if found:
         return tracker.start(name, {}, params, run_id=found[0].info.run_id)
-    return tracker.start(name, {"coopflow.iter_experiment": exp_key, "coopflow.algorithm": "madpo-iter"}, params)
+    return tracker.start(name, {"coopflow.iter_experiment": exp_key, "coopflow.algorithm": algorithm}, params)
 
 
-@flow(name="train-madpo-iter", flow_run_name=_run_name, log_prints=True)
-def train_madpo_iter(config: dict | None = None, config_path: str | None = None,
-                     overrides: dict[str, Any] | list[str] | None = None, max_new_rounds: int | None = None,
-                     show_progress: bool = False) -> dict:
-    """Iterative MADPO: rounds resume from the store; `max_new_rounds=1` runs the next round (for schedules)."""
+def run_iterative(algorithm: str, config: dict | None, config_path: str | None,
+                  overrides: dict[str, Any] | list[str] | None, max_new_rounds: int | None) -> dict:
+    """The rounds of an iterative experiment, resumed from the store; one MLflow child run per round."""
     from stages import train_iterative as I
     from stages.reward_drift import bar_svg
 
-    cfg = load_config(config_path, overrides, algorithm="madpo-iter", base=config)
+    cfg = load_config(config_path, overrides, algorithm=algorithm, base=config)
     data = cfg.resolved_data_dir()
     store = ArtifactStore(data / "artifacts")
     store.clean_temp()
@@ -489,19 +487,25 @@ def train_madpo_iter(config: dict | None = None, config_path: str | None = None,
     ctx = T.make_context(cfg, store, taskset)
     keys = I.round_keys(ctx)
     done = I.completed_rounds(ctx)
-    run_id = _parent_run(parent, keys[0], tr.run_name or f"madpo-iter-{keys[0][:8]}", _public(cfg))
-    get_run_logger().info("madpo-iter: %d of %d rounds stored; mlflow parent run %s", done, len(keys), run_id)
-    ok, ran, summary = False, [], {"algorithm": "madpo-iter", "mlflow_run_id": run_id, "rounds": len(keys)}
+    run_id = _parent_run(parent, keys[0], tr.run_name or f"{algorithm}-{keys[0][:8]}", _public(cfg), algorithm)
+    logger = get_run_logger()
+    logger.info("%s: %d of %d rounds stored; mlflow parent run %s", algorithm, done, len(keys), run_id)
+    ok, ran, summary = False, [], {"algorithm": algorithm, "mlflow_run_id": run_id, "rounds": len(keys)}
     try:
         for r in range(done + 1, len(keys) + 1):
             if max_new_rounds is not None and len(ran) >= max_new_rounds:
                 break
+            seen = len(ctx.warnings)
             res = round_flow(quote(ctx), r)
+            for w in ctx.warnings[seen:]:
+                logger.warning(w)
             rows = store.read_rows(res["metrics"])
             parent.log_metrics(rows)
             child = Tracker(uri, tr.experiment, tr.enabled)
             child.start(f"round-{r}", {"mlflow.parentRunId": run_id or "", "coopflow.round": str(r)}, {})
             child.log_metrics(rows)
+            for ref in res.get("rl_metrics") or []:  # MARLHF-iter: the RL phase's per-update metrics
+                child.log_metrics(store.read_rows(ref))
             child.record("checkpoint", res["checkpoint"], tag=True)
             child.record("pairs", res["shard"], tag=True)
             if res.get("drift"):
@@ -512,6 +516,8 @@ def train_madpo_iter(config: dict | None = None, config_path: str | None = None,
             child.finish(True)
             ran.append(r)
         summary.update(completed_rounds=I.completed_rounds(ctx), ran_rounds=ran)
+        if ctx.warnings:
+            summary["warnings"] = list(dict.fromkeys(ctx.warnings))
         last = store.find("checkpoint", keys[summary["completed_rounds"] - 1]) if summary["completed_rounds"] else None
         if last is not None:
             summary["checkpoint"] = str(store.open_dir(last))
@@ -523,7 +529,23 @@ def train_madpo_iter(config: dict | None = None, config_path: str | None = None,
         parent.finish(ok)
 
 
+@flow(name="train-madpo-iter", flow_run_name=_run_name, log_prints=True)
+def train_madpo_iter(config: dict | None = None, config_path: str | None = None,
+                     overrides: dict[str, Any] | list[str] | None = None, max_new_rounds: int | None = None,
+                     show_progress: bool = False) -> dict:
+    """Iterative MADPO: rounds resume from the store; `max_new_rounds=1` runs the next round (for schedules)."""
+    return run_iterative("madpo-iter", config, config_path, overrides, max_new_rounds)
+
+
+@flow(name="train-marlhf-iter", flow_run_name=_run_name, log_prints=True)
+def train_marlhf_iter(config: dict | None = None, config_path: str | None = None,
+                      overrides: dict[str, Any] | list[str] | None = None, max_new_rounds: int | None = None,
+                      show_progress: bool = False) -> dict:
+    """Iterative MARLHF: per round a fresh reward model on the round's pairs, then RL on it (eval: task reward)."""
+    return run_iterative("marlhf-iter", config, config_path, overrides, max_new_rounds)
+
+
 FLOWS = {"train-magrpo": train_magrpo, "train-mareinforce": train_mareinforce,
          "train-marloo": train_marloo, "train-maremax": train_maremax, "train-iac": train_iac,
          "train-maac": train_maac, "train-madpo": train_madpo, "train-marlhf": train_marlhf,
-         "train-madpo-iter": train_madpo_iter}
+         "train-madpo-iter": train_madpo_iter, "train-marlhf-iter": train_marlhf_iter}

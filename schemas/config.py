@@ -678,8 +678,30 @@ class MADPOIterRunConfig(RunConfig):
     trainer: MADPOIterConfig = Field(default_factory=MADPOIterConfig, description="Reference MADPOIterConfig fields.")
 
 
+class MARLHFIterConfig(MADPOIterConfig, MARLHFConfig):
+    """CoMLRL 1.4.3 `MARLHFIterConfig` (spec §6.6): per round a fresh joint reward model on the round's training
+    pairs, then the RL backend on it."""
+
+    num_train_epochs: int = Field(2, ge=1, description="RL epochs per round (over the training items).")
+    num_generations: int = MARLHFConfig.model_fields["num_generations"]
+    reward_num_train_epochs: int = Field(2, ge=1, description="Passes over the round's training pairs when fitting "
+                                                              "its fresh reward model.")
+    preference_scoring_reward: Literal["task", "reward_model"] = Field(
+        "task", description="What scores a round's candidates for its pairs: task | reward_model (the previous "
+                            "round's reward model; round 1 falls back to the task reward).")
+
+
+class MARLHFIterRunConfig(RunConfig):
+    """A coopflow MARLHF-iter run: rounds of target-vs-comparator pairs, replay, a fresh reward model and RL."""
+
+    algorithm: Literal["marlhf-iter"] = Field("marlhf-iter", description="Iterative (online) MARLHF.")
+    trainer: MARLHFIterConfig = Field(default_factory=MARLHFIterConfig,
+                                      description="Reference MARLHFIterConfig fields.")
+
+
 RUN_CONFIGS: dict[str, type[RunConfig]] = {"iac": IACRunConfig, "maac": MAACRunConfig, "madpo": MADPORunConfig,
-                                           "marlhf": MARLHFRunConfig, "madpo-iter": MADPOIterRunConfig}
+                                           "marlhf": MARLHFRunConfig, "madpo-iter": MADPOIterRunConfig,
+                                           "marlhf-iter": MARLHFIterRunConfig}
 """Run config class per algorithm (the MAGRPO family uses RunConfig)."""
 
 

@@ -1,16 +1,23 @@
-"""Iterative (online) MADPO: rounds of target-vs-comparator preferences, replay and DPO (spec §4.4).
+"""Iterative (online) MADPO and MARLHF: rounds of target-vs-comparator preferences, replay, then DPO or
+a fresh reward model + RL (spec §4.4).
 
 MADPO-iter in plain words: each round, the current agents (target) and a comparator each answer
 every task P times; the i-th target joint answer is compared with the i-th comparator joint answer
 under the task reward (ties dropped); the selected pairs become this round's replay shard; the
 round trains with DPO on pairs sampled from the shards (replay mode), evaluates, and checkpoints.
-The comparator is the current agents on an independent RNG stream (`current`), the checkpoint of k
-rounds back (`history`, falling back to the newest earlier one, else the initial agents), or frozen
-models (`model`).
+The comparator is the current agents on an independent RNG stream (`current`), a frozen copy of
+them (`current_copy`), the checkpoint of k rounds back (`history`, falling back to the newest
+earlier one, else the initial agents), frozen models (`model`) or an HTTP endpoint (`api`).
+
+MARLHF-iter is the same round with a different training step: a fresh joint reward model is fitted
+on the round's training pairs, then the RL backend (`rl_algorithm`: the MAGRPO family or IAC/MAAC)
+trains the agents on it for `num_train_epochs`, starting from the round's weights with fresh
+optimizers. With `preference_scoring_reward: reward_model` the previous round's reward model
+scores the candidates (round 1 uses the task reward). Evaluation always uses the task reward.
 
 A round is the unit of resume: its artifacts are keyed by the chain of round checkpoints
 
-    round_r = H(round_{r-1}, round r, items, sampling, comparator, selection, replay, DPO settings)
+    round_r = H(round_{r-1}, round r, items, sampling, comparator, selection, replay, training settings)
 
 so a rerun skips every completed round and continues from the last one, and a scheduled run with
 `max_new_rounds=1` runs exactly the next round of the experiment.
@@ -23,7 +30,7 @@ from stages import train_online as T
 from stages.build_pairs import aligned_comparisons
 from stages.build_taskset import items_digest
 from stages.generate_rollouts import SamplingConfig, derive_seed, generate_rollouts
-from stages.models import LIVE, Policies, load_policies, save_checkpoint
+from stages.models import LIVE, Policies, checkpoint_sources, load_policies, save_checkpoint
 from stages.replay import sample_replay
 from stages.reward_drift import drift_metrics, drift_record
 from stages.score_rewards import score_rewards
@@ -162,7 +169,7 @@ def run_round(ctx: T.RunContext, r: int) -> dict:
     prev = store.find("checkpoint", keys[r - 2]) if r > 1 else None
     if r > 1 and prev is None:
         raise ValueError(f"round {r - 1} is not stored: run the rounds in order")
-    pol = T.acquire_policies(ctx, prev, keys[r - 2] if r > 1 else ctx.start_key)
+    pol = _round_start(ctx, prev, keys[r - 2] if r > 1 else ctx.start_key)
     fmts = T.formatters_for(ctx, pol)
     ids = [it["_item_id"] for it in ctx.train_items]
     by_id = {it["_item_id"]: it for it in ctx.train_items}
@@ -180,8 +187,9 @@ def run_round(ctx: T.RunContext, r: int) -> dict:
             if comp is not pol:
                 comp.close()
         T.CALLS["generate"] += 2
-        target_scores = score_rewards(target_rows, by_id, ctx.caller, ctx.processor, "aligned", 0)
-        comp_scores = score_rewards(comp_rows, by_id, ctx.caller, ctx.processor, "aligned", 0)
+        caller, processor = _scoring_reward(ctx, r, keys)
+        target_scores = score_rewards(target_rows, by_id, caller, processor, "aligned", 0)
+        comp_scores = score_rewards(comp_rows, by_id, caller, processor, "aligned", 0)
         shard_rows, selected = round_pairs(ctx, r, target_rows, target_scores, comp_rows, comp_scores, same,
                                            pol.tokenizers)
         shard = store.find("pairs", key) or store.put_table("pairs", key, shard_rows)
@@ -197,16 +205,20 @@ def run_round(ctx: T.RunContext, r: int) -> dict:
         metrics = {"iter/current_iteration": float(r), "iter/current_preference_pairs": float(len(shards[-1])),
                    "iter/total_preference_pairs": float(sum(len(s) for s in shards)),
                    "iter/train_preference_pairs": float(len(train))}
-        # --- DPO on the training pairs
-        rng = random.Random(derive_seed(cfg.seed, "dpo-shuffle", r))
-        for _ in range(t.num_train_epochs if train else 0):
-            rng.shuffle(train)
-            for b in range(0, len(train), t.batch_size):
-                chunk = train[b:b + t.batch_size]
-                m = dpo_update(pol, {a: [p[a] for p in chunk] for a in range(ctx.n)}, t.dpo_beta)
-                T.CALLS["update"] += 1
-        if train:
-            metrics.update({k: v for k, v in m.items() if not k.startswith("agent_")})
+        rl_metrics: list[ArtifactRef] = []
+        if cfg.algorithm == "marlhf-iter":  # --- a fresh reward model on the training pairs, then RL on it
+            pol, m, rl_metrics = _rlhf_phase(ctx, r, keys, prev, pol, train)
+            metrics.update(m)
+        else:  # --- DPO on the training pairs
+            rng = random.Random(derive_seed(cfg.seed, "dpo-shuffle", r))
+            for _ in range(t.num_train_epochs if train else 0):
+                rng.shuffle(train)
+                for b in range(0, len(train), t.batch_size):
+                    chunk = train[b:b + t.batch_size]
+                    m = dpo_update(pol, {a: [p[a] for p in chunk] for a in range(ctx.n)}, t.dpo_beta)
+                    T.CALLS["update"] += 1
+            if train:
+                metrics.update({k: v for k, v in m.items() if not k.startswith("agent_")})
         reward_range = T.processed_range(ctx.caller.fn, cfg.reward.reward_range, ctx.processor)
         drift = None
         if t.log_reward_distribution:
@@ -232,7 +244,74 @@ def run_round(ctx: T.RunContext, r: int) -> dict:
     LIVE.put(key, pol)
     rows = [{"key": k, "value": v, "env_step": r} for k, v in metrics.items()]
     return {"checkpoint": ckpt, "metrics": store.put_table("metrics", key, rows), "shard": shard, "cached": False,
-            "drift": drift}
+            "drift": drift, "rl_metrics": rl_metrics}
+
+
+def _round_start(ctx: T.RunContext, prev: ArtifactRef | None, start_key: str):
+    """The policies a round starts from. MARLHF-iter rounds keep weights only: its RL phase builds fresh
+    optimizers (and critics) each round, so a checkpoint's optimizer state is not carried over."""
+    if ctx.cfg.algorithm != "marlhf-iter" or prev is None:
+        return T.acquire_policies(ctx, prev, start_key)
+    pol = LIVE.take(start_key)
+    if pol is not None:
+        return pol
+    LIVE.clear()
+    dirs, _, state = checkpoint_sources(ctx.store.open_dir(prev), ctx.n)
+    return T._open_policies(ctx, [str(d) for d in dirs], None, state)
+
+
+# --- MARLHF-iter: reward model per round ---------------------------------------------------------
+
+
+def rm_round_key(round_key: str) -> str:
+    """Key of the reward model fitted in the round whose checkpoint key is `round_key`."""
+    return key_for("reward_model", {"round": round_key, "v": STAGE_VERSION})
+
+
+def _scoring_reward(ctx: T.RunContext, r: int, keys: list[str]):
+    """(caller, processor) that scores round r's candidates: the task reward, or with
+    preference_scoring_reward 'reward_model' the previous round's reward model (raw = processed)."""
+    from stages.rewards import RewardCaller, resolve_processor
+    from stages.train_preference import load_rm_reward
+
+    if getattr(ctx.cfg.trainer, "preference_scoring_reward", "task") != "reward_model" or r == 1:
+        return ctx.caller, ctx.processor  # round 1 has no reward model yet: the task reward
+    ref = ctx.store.find("reward_model", rm_round_key(keys[r - 2]))
+    if ref is None:
+        ctx.warnings.append(f"round {r}: round {r - 1} fitted no reward model (no training pairs); "
+                            "scoring with the task reward")
+        return ctx.caller, ctx.processor
+    return RewardCaller(load_rm_reward(ctx, ref), ctx.n), resolve_processor(None)
+
+
+def _rlhf_phase(ctx: T.RunContext, r: int, keys: list[str], prev: ArtifactRef | None, pol, train: list[dict]):
+    """Fit a fresh joint reward model on the training pairs and run the RL backend on it from the round's
+    starting weights (fresh optimizers, as the reference builds a new RL trainer per round).
+    Returns (policies after RL, metrics, RL metrics refs)."""
+    from stages import train_preference as P
+
+    store, key = ctx.store, keys[r - 1]
+    if not train:
+        ctx.warnings.append(f"round {r}: no training pairs; the policy is unchanged this round")
+        return pol, {}, []
+    rows = [{**x, "pair_id": i} for i, rec in enumerate(train) for x in rec.values()]
+    train_ref = store.put_table("pairs", key_for("pairs", {"round_train": key}), rows)
+    rm_ref, m = P.fit_rm(ctx, train_ref, rm_round_key(key))
+    start = keys[r - 2] if r > 1 else ctx.start_key
+    sources = ctx.sources if prev is None else [str(p) for p in checkpoint_sources(store.open_dir(prev), ctx.n)[0]]
+    pol.close()
+    LIVE.clear()
+    rctx = P.rl_context(ctx, rm_ref, sources, {"round_start": start})
+    ckpt, k, rewards, refs = None, rctx.start_key, [], []
+    for i in range(len(rctx.segments)):
+        res = T.train_segment(rctx, i, ckpt, k)
+        ckpt, k = res.checkpoint, res.checkpoint.key
+        rewards += [x["reward_mean"] for x in store.read_rows(res.steps)]
+        refs.append(res.metrics)
+    first, last = T.first_last_fifth(rewards)
+    m.update({"rl/rm_reward_first": first, "rl/rm_reward_last": last, "rl/updates": float(len(rctx.updates))})
+    ctx.warnings.extend(w for w in rctx.warnings if w not in ctx.warnings)
+    return T.acquire_policies(rctx, ckpt, k), {k2: v for k2, v in m.items() if v is not None}, refs
 
 
 def _group(rows: list[dict]) -> list[dict]:

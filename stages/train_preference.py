@@ -197,14 +197,15 @@ def rm_key(ctx: T.RunContext) -> str:
                                     "seed": ctx.cfg.seed, "dtype": ctx.cfg.agents.dtype})
 
 
-def fit_rm(ctx: T.RunContext, pairs: ArtifactRef) -> tuple[ArtifactRef, dict[str, float]]:
-    """The fitted joint reward model (a `reward_model` dir artifact) and its accuracy/margin on the pairs."""
+def fit_rm(ctx: T.RunContext, pairs: ArtifactRef, key: str | None = None) -> tuple[ArtifactRef, dict[str, float]]:
+    """The fitted joint reward model (a `reward_model` dir artifact, stored under `key`, default rm_key) and
+    its accuracy/margin on the pairs. The model starts fresh from the backbone (trainer.reward_model_name)."""
     from stages.fit_reward_model import fit_reward_model, load_reward_model, pair_texts, rank_metrics
 
     t, store = ctx.cfg.trainer, ctx.store
     texts = pair_texts(store.read_rows(pairs))
     pairs_by_id(store.read_rows(pairs))  # clear error when there are no pairs
-    key = rm_key(ctx)
+    key = key or rm_key(ctx)
     device = t.reward_model_device or ctx.cfg.agents.device
     found = store.find("reward_model", key)
     if found is not None:
@@ -248,19 +249,24 @@ def rl_config(cfg: RunConfig) -> RunConfig:
     return validate_config(data, t.rl_algorithm)
 
 
-def rl_context(ctx: T.RunContext, rm_ref: ArtifactRef) -> T.RunContext:
-    """A RunContext for the RL phase whose training reward is the frozen reward model."""
+def load_rm_reward(ctx: T.RunContext, rm_ref: ArtifactRef):
+    """The frozen reward model of `rm_ref` as a reward function over the agents' joint answers."""
     from stages.fit_reward_model import RewardModelReward, load_reward_model
     from stages.formatters import build_formatter
 
     cfg, t = ctx.cfg, ctx.cfg.trainer
-    rcfg = rl_config(cfg)
     rm = load_reward_model(ctx.store.open_dir(rm_ref), cfg.agents.dtype, t.reward_model_device or cfg.agents.device,
                            t.reward_freeze_backbone, t.reward_max_length)
     rm.requires_grad_(False)
-    fmts = [build_formatter(cfg.formatter_for(i)) for i in range(ctx.n)]
-    return T.make_context(rcfg, ctx.store, ctx.taskset,
-                          reward_override=(RewardModelReward(rm, fmts), {"reward_model": rm_ref.key}))
+    return RewardModelReward(rm, [build_formatter(cfg.formatter_for(i)) for i in range(ctx.n)])
+
+
+def rl_context(ctx: T.RunContext, rm_ref: ArtifactRef, sources: list[str] | None = None,
+               source_ident: dict | None = None) -> T.RunContext:
+    """A RunContext for the RL phase whose training reward is the frozen reward model (starting from
+    `sources`, default the run's agents; `source_ident` names them in the keys)."""
+    return T.make_context(rl_config(ctx.cfg), ctx.store, ctx.taskset, sources, source_ident,
+                          reward_override=(load_rm_reward(ctx, rm_ref), {"reward_model": rm_ref.key}))
 
 
 # --- direct (no Prefect) -------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def test_cli_tiny_model_builds_a_loadable_model(tmp_path):
 def test_cli_lists_flows_and_config_reference():
     assert _cli("flows").stdout.split() == ["train-magrpo", "train-mareinforce", "train-marloo", "train-maremax",
                                             "train-iac", "train-maac", "train-madpo", "train-marlhf",
-                                            "train-madpo-iter"]
+                                            "train-madpo-iter", "train-marlhf-iter"]
     assert "`trainer.num_generations`" in _cli("config-reference").stdout
 
 
@@ -76,3 +76,15 @@ def test_shipped_config_works_with_every_flow():
         r = _cli("validate", "--config", "configs/magrpo-story.yaml", "--algorithm", algo)
         assert r.returncode == 0, r.stderr
         assert f'"algorithm": "{algo}"' in r.stdout
+
+
+def test_every_shipped_config_validates_for_its_flow():
+    from schemas.config import load_config
+
+    algo = {"magrpo-story": "magrpo", "magrpo-multiturn": "magrpo", "iac-story": "iac", "maac-story": "maac",
+            "madpo-story": "madpo", "marlhf-story": "marlhf", "madpo-iter-story": "madpo-iter",
+            "marlhf-iter-story": "marlhf-iter"}
+    shipped = sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))
+    assert set(shipped) <= set(algo), f"add the new config to this test: {set(shipped) - set(algo)}"
+    for name in shipped:
+        assert load_config(REPO / "configs" / f"{name}.yaml", algorithm=algo[name]).algorithm == algo[name]

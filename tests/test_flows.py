@@ -231,3 +231,24 @@ def test_madpo_iter_flow_one_round_per_run_into_one_parent_mlflow_run(prefect_ha
     assert [m.step for m in client.get_metric_history(parent.info.run_id, "iter/current_iteration")] == [1, 2]
     files = {f.path for f in client.list_artifacts(kids[0].info.run_id, "reward_distributions")}
     assert any(f.endswith(".json") for f in files) and any(f.endswith(".html") for f in files)
+
+
+def test_marlhf_iter_flow_logs_each_rounds_rl_metrics_in_its_child_run(prefect_harness, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from flows.train import train_marlhf_iter
+
+    cfg = small_config(tmp_path)
+    cfg["trainer"] = {"num_iterations": 2, "agent_learning_rate": 1e-3, "max_new_tokens": 8, "temperature": 1.0,
+                      "preference_num_candidates": 4, "num_generations": 2, "num_train_epochs": 1,
+                      "rollout_buffer_size": 2, "reward_num_train_epochs": 1, "reward_train_batch_size": 4,
+                      "eval_num_samples": 2}
+    LIVE.clear()
+    a = train_marlhf_iter(config=cfg, max_new_rounds=1)
+    assert a["algorithm"] == "marlhf-iter" and a["ran_rounds"] == [1] and "eval/turn_1/reward_mean" in a["eval"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{cfg['data_dir']}/mlflow.db")
+    parent = client.get_run(a["mlflow_run_id"])
+    assert parent.data.tags["coopflow.algorithm"] == "marlhf-iter"
+    kid = client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")[0]
+    assert {"reward_model/accuracy", "turn_1/reward_mean", "rl/rm_reward_last"} <= set(kid.data.metrics)
+    LIVE.clear()

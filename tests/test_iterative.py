@@ -129,3 +129,64 @@ def test_a_process_killed_mid_round_resumes_from_the_last_completed_round(tmp_pa
     assert store.read_rows(store.find("pairs", keys[0])) == shard1  # round 1 is untouched ...
     assert store.find("checkpoint", keys[0]).sha256 == ckpt1
     assert store.find("checkpoint", keys[1]) is not None  # ... and round 2 finished after the restart
+
+
+def _rlhf_ctx(tmp_path, **trainer):
+    cfg = small_config(tmp_path)
+    cfg["trainer"] = {"num_iterations": 2, "agent_learning_rate": 1e-3, "max_new_tokens": 8, "temperature": 1.0,
+                      "preference_num_candidates": 4, "num_generations": 2, "num_train_epochs": 1,
+                      "rollout_buffer_size": 2, "reward_learning_rate": 1e-3, "reward_num_train_epochs": 1,
+                      "reward_train_batch_size": 4, "eval_num_samples": 2, **trainer}
+    c = validate_config(cfg, "marlhf-iter")
+    store = T.ArtifactStore(tmp_path / "artifacts")
+    return T.make_context(c, store, build_taskset(c.taskset, store))
+
+
+def test_marlhf_iter_fits_a_fresh_reward_model_per_round_and_scores_round_2_with_round_1s(tmp_path):
+    from stages.fit_reward_model import joint_text
+    from stages.train_preference import load_rm_reward
+
+    ctx = _rlhf_ctx(tmp_path, preference_scoring_reward="reward_model", preference_replay_mode="all_history")
+    LIVE.clear()
+    calls0 = dict(T.CALLS)
+    out = I.run_rounds(ctx)
+    assert [r["cached"] for r in out] == [False, False] and I.completed_rounds(ctx) == 2
+    assert T.CALLS["fit_reward_model"] - calls0.get("fit_reward_model", 0) == 2  # a fresh RM each round
+    keys = I.round_keys(ctx)
+    rms = [ctx.store.find("reward_model", I.rm_round_key(k)) for k in keys]
+    assert all(rms) and rms[0].key != rms[1].key
+    for r, res in enumerate(out, 1):
+        m = {x["key"]: x["value"] for x in ctx.store.read_rows(res["metrics"])}
+        assert m["iter/current_iteration"] == r and "reward_model/accuracy" in m and m["rl/updates"] == 2
+        assert "eval/turn_1/reward_mean" in m and 0.0 <= m["eval/turn_1/reward_mean"] <= 1.0  # the task reward
+        assert res["rl_metrics"] and any(x["key"] == "turn_1/reward_mean"
+                                         for x in ctx.store.read_rows(res["rl_metrics"][0]))
+    # round 1 scored with the task reward, round 2 with round 1's reward model (raw = processed = RM score)
+    shard1, shard2 = (ctx.store.read_rows(r["shard"]) for r in out)
+    assert all(0.0 <= x["winner_reward"] <= 1.0 for x in shard1)
+    rm1 = load_rm_reward(ctx, rms[0])
+    row = shard2[0]
+    both = sorted((x for x in shard2 if x["pair_id"] == row["pair_id"]), key=lambda x: x["agent"])
+    texts = [joint_text([x["prompt"] for x in both], [x["chosen"] for x in both])]
+    assert abs(float(rm1.rm.score_texts(texts)[0]) - row["winner_reward"]) < 1e-4
+    LIVE.clear()
+    again = I.run_rounds(ctx)  # a rerun resumes: nothing runs
+    assert [r["cached"] for r in again] == [True, True]
+    LIVE.clear()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["maac", "iac"])
+def test_marlhf_iter_runs_actor_critic_backends_across_rounds(tmp_path, backend):
+    extra = {"use_separate_critic": False} if backend == "iac" else {}
+    ctx = _rlhf_ctx(tmp_path, rl_algorithm=backend, num_generations=1, **extra)
+    LIVE.clear()
+    out = I.run_rounds(ctx, max_new_rounds=1)
+    LIVE.clear()  # round 2 starts in a new process: weights only from round 1's checkpoint, fresh critics
+    out = I.run_rounds(ctx)
+    assert [r["cached"] for r in out] == [True, False]
+    m = {x["key"]: x["value"] for x in ctx.store.read_rows(out[1]["metrics"])}
+    assert m["rl/updates"] >= 1 and "eval/turn_1/reward_mean" in m
+    rl = {x["key"] for ref in out[1]["rl_metrics"] for x in ctx.store.read_rows(ref)}
+    assert "turn_1/value_loss" in rl
+    LIVE.clear()
