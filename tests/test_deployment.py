@@ -32,6 +32,17 @@ def _wait(pred, timeout: float, what: str) -> None:
         time.sleep(1)
 
 
+def _completed_rounds(cfg: dict, algorithm: str) -> int:
+    from schemas.config import validate_config
+    from stages import train_iterative as I
+    from stages import train_online as T
+    from stages.build_taskset import build_taskset
+
+    c = validate_config(cfg, algorithm)
+    store = T.ArtifactStore(Path(cfg["data_dir"]) / "artifacts")
+    return I.completed_rounds(T.make_context(c, store, build_taskset(c.taskset, store)))
+
+
 def test_deployment_run_completes(tmp_path):
     port = _free_port()
     url = f"http://127.0.0.1:{port}/api"
@@ -82,6 +93,22 @@ def test_deployment_run_completes(tmp_path):
                                  env=env, capture_output=True, text=True, timeout=600)
             assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
             assert any((data / "artifacts" / "pairs").iterdir())
+        # the iterative deployments take max_new_rounds=1 by default: each run adds exactly one round
+        for algo in ("madpo-iter", "marlhf-iter"):
+            data = tmp_path / f"data-{algo}"
+            cfg = small_config(data)
+            cfg["trainer"] = {"num_iterations": 3, "max_new_tokens": 8, "preference_num_candidates": 4,
+                              "num_train_epochs": 1, "eval_num_samples": 2, "temperature": 1.0,
+                              "reward_num_train_epochs": 1, "num_generations": 2, "rollout_buffer_size": 2}
+            if algo == "madpo-iter":
+                for k in ("reward_num_train_epochs", "num_generations", "rollout_buffer_size"):
+                    del cfg["trainer"][k]
+            for expected in (1, 2):
+                run = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", f"train-{algo}/local",
+                                      "--params", json.dumps({"config": cfg}), "--watch", "--watch-timeout", "400"],
+                                     env=env, capture_output=True, text=True, timeout=600)
+                assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+                assert _completed_rounds(cfg, algo) == expected
     finally:
         for p in reversed(procs):
             try:
