@@ -242,6 +242,24 @@ class MAGRPOConfig(_Strict):
         return self.train_batch_size or self.rollout_buffer_size
 
 
+class MAREINFORCEConfig(MAGRPOConfig):
+    """CoMLRL's `MAREINFORCEConfig`: MAGRPOConfig with advantage_mode 'raw' (no baseline)."""
+
+    advantage_mode: str | None = Field("raw", description="mean | raw | max | rloo (MAREINFORCE: raw).")
+
+
+class MARLOOConfig(MAGRPOConfig):
+    """CoMLRL's `MARLOOConfig`: MAGRPOConfig with advantage_mode 'rloo' (leave-one-out baseline)."""
+
+    advantage_mode: str | None = Field("rloo", description="mean | raw | max | rloo (MARLOO: rloo).")
+
+
+class MAReMaxConfig(MAGRPOConfig):
+    """CoMLRL's `MAReMaxConfig`: MAGRPOConfig with advantage_mode 'max' (group-max baseline)."""
+
+    advantage_mode: str | None = Field("max", description="mean | raw | max | rloo (MAReMax: max).")
+
+
 # --- trainer (the reference's IACConfig / MAACConfig) --------------------------------------------
 
 

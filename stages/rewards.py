@@ -44,8 +44,43 @@ length_ratio.reward_range = (0.0, 1.0)  # type: ignore[attr-defined]
 BUILTIN_REWARDS: dict[str, Callable] = {"length_ratio": length_ratio}
 
 
+# --- in-process callables (the Python API passes functions, not import paths) ---------------------
+
+_IN_MEMORY: dict[str, Callable] = {}
+
+
+def callable_fingerprint(fn: Callable) -> str:
+    """sha256 (16 hex) of a function's qualified name and source (its repr when it has no source)."""
+    target = getattr(fn, "func", fn)  # functools.partial: the wrapped function + its bound arguments
+    try:
+        src = inspect.getsource(target)
+    except (OSError, TypeError):
+        src = repr(target)
+    extra = repr((getattr(fn, "args", ()), sorted(getattr(fn, "keywords", {}).items()))) if target is not fn else ""
+    name = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', type(target).__qualname__)}"
+    return hashlib.sha256(f"{name}\n{src}\n{extra}".encode()).hexdigest()[:16]
+
+
+def register_callable(fn: Callable) -> str:
+    """Make an in-process function usable where configs take an import path: returns 'mem:<fingerprint>'.
+
+    The fingerprint (qualified name + source) goes into artifact keys, so editing the function
+    invalidates what it produced. Only this process can resolve the name (flows served by
+    deployments need import paths)."""
+    if not callable(fn):
+        raise TypeError(f"expected a callable, got {type(fn).__name__}")
+    name = f"mem:{callable_fingerprint(fn)}"
+    _IN_MEMORY[name] = fn
+    return name
+
+
 def load_callable(path: str, what: str = "function") -> Callable:
     """Import 'module:attr' (or 'module.attr'); clear error when it is not there."""
+    if path.startswith("mem:"):
+        if path not in _IN_MEMORY:
+            raise ValueError(f"{what} {path!r} is an in-process function of another Python process; pass an "
+                             "import path 'module:function' to use it here")
+        return _IN_MEMORY[path]
     mod_name, sep, attr = path.partition(":")
     if not sep:
         mod_name, _, attr = path.rpartition(".")

@@ -13,7 +13,8 @@ from stages.train_online import (evaluate_checkpoint, first_last_fifth, make_con
                                  train_segment)
 
 
-def run_direct(cfg: RunConfig, store: ArtifactStore | None = None, show_progress: bool = False) -> dict:
+def run_direct(cfg: RunConfig, store: ArtifactStore | None = None, show_progress: bool = False,
+               metrics_refs: list | None = None) -> dict:
     """Train and evaluate; returns a summary dict (env_steps, reward_first/last, eval, checkpoint, ...).
 
     `train_seconds` is the training loop (generate, score, update, checkpoint) without model loading,
@@ -30,6 +31,8 @@ def run_direct(cfg: RunConfig, store: ArtifactStore | None = None, show_progress
         assert key == ends[i]
         rewards += [r["reward_mean"] for r in store.read_rows(res.steps)]
         metrics.append(res.metrics)
+    if metrics_refs is not None:  # the caller wants every segment's metrics table (e.g. to log them)
+        metrics_refs.extend(metrics)
     wall_s = time.perf_counter() - t0
     train_s, load_s = train_seconds(store, metrics)
     _, ev = evaluate_checkpoint(ctx, ckpt)

@@ -1,0 +1,62 @@
+"""`trainer.train()` without Prefect: the stages called in this process, tracked in MLflow."""
+
+from artifacts import ArtifactStore
+from schemas.config import RunConfig
+
+ITERATIVE = ("madpo-iter", "marlhf-iter")
+PREFERENCE = ("madpo", "marlhf")
+
+
+def run_tracked(cfg: RunConfig, tags: list[str] | dict | None = None, show_progress: bool = True) -> dict:
+    """Train with the algorithm's stages; one MLflow run (params, metrics by env_step, eval); returns a summary."""
+    from flows.train import _public
+    from flows.tracking import Tracker
+
+    data = cfg.resolved_data_dir()
+    store = ArtifactStore(data / "artifacts")
+    tr = cfg.tracking
+    tracker = Tracker(tr.tracking_uri or f"sqlite:///{data / 'mlflow.db'}", tr.experiment, tr.enabled)
+    run_tags = {"coopflow.algorithm": cfg.algorithm, "coopflow.entry": "python-api"}
+    if isinstance(tags, dict):
+        run_tags.update({str(k): str(v) for k, v in tags.items()})
+    elif tags:
+        run_tags.update({f"tag.{t}": "true" for t in tags})
+    run_id = tracker.start(tr.run_name or f"{cfg.algorithm}-python-api", run_tags, _public(cfg))
+    ok = False
+    try:
+        out = _run(cfg, store, show_progress)
+        for ref in out.pop("_metrics_refs", []):
+            tracker.log_metrics(store.read_rows(ref), flush=False)
+        step = out.get("env_steps") or 0
+        tracker.log_metrics([{"key": k, "value": v, "env_step": step} for k, v in (out.get("eval") or {}).items()])
+        out["mlflow_run_id"] = run_id
+        ok = True
+        return out
+    finally:
+        tracker.finish(ok)
+
+
+def _run(cfg: RunConfig, store: ArtifactStore, show_progress: bool) -> dict:
+    if cfg.algorithm in ITERATIVE:
+        from stages import train_iterative as I
+        from stages import train_online as T
+        from stages.build_taskset import build_taskset
+
+        ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
+        rounds = I.run_rounds(ctx)
+        last = rounds[-1]
+        ev = {r["key"]: r["value"] for r in store.read_rows(last["metrics"]) if r["key"].startswith("eval/")}
+        return {"algorithm": cfg.algorithm, "completed_rounds": len(rounds), "checkpoint":
+                str(store.open_dir(last["checkpoint"])), "eval": ev, "env_steps": len(rounds),
+                "_metrics_refs": [r["metrics"] for r in rounds]}
+    if cfg.algorithm in PREFERENCE:
+        from stages.train_preference import run_preference_direct
+
+        out = run_preference_direct(cfg, store)
+        out.pop("metrics", None)
+        return {"algorithm": cfg.algorithm, **out}
+    from stages.run_direct import run_direct
+
+    refs: list = []
+    out = run_direct(cfg, store, show_progress, metrics_refs=refs)
+    return {"algorithm": cfg.algorithm, **out, "_metrics_refs": refs}

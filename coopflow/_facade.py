@@ -1,0 +1,333 @@
+"""The Python API: CoMLRL 1.4.3's trainer classes as a thin facade over coopflow's stages.
+
+A trainer takes the reference's constructor arguments, validates them with the reference's error
+phrases, loads the agents (and critics / frozen references) so the public attributes exist, and on
+`.train()` turns itself into a coopflow run config and runs the same stages the Prefect flows run:
+
+- in-memory functions (reward, processor, formatters, transition, metrics callback) are registered
+  under a fingerprint of their qualified name and source (`mem:<sha>`), so artifact keys change
+  when the function does;
+- in-memory datasets are written once under `<data_dir>/datasets/<fingerprints>` (`save_to_disk`),
+  in-memory models under `<data_dir>/models/<weights sha>`; string sources are used as they are, so a
+  trainer and a flow with the same config and seed produce the same artifact keys;
+- `wandb_config` maps onto MLflow: `project` → experiment, `name` → run name, `tags` → run tags.
+
+After training the trained weights are copied into `trainer.agents` (as the reference trains its
+agents in place) and `save_model(dir)` writes the reference's layout.
+"""
+
+import copy
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from schemas.config import RUN_CONFIGS, RunConfig, validate_config
+
+__all__ = ["FacadeTrainer", "callable_ref"]
+
+
+def callable_ref(fn, builtins: dict | None = None) -> str:
+    """How a config names an in-process function: a built-in's name, its import path when it is a module-level
+    function of an importable module (so flows and deployments can load it too), else 'mem:<fingerprint>'."""
+    import importlib
+
+    from stages.rewards import register_callable
+
+    for name, b in (builtins or {}).items():
+        if fn is b:
+            return name
+    mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if mod and mod != "__main__" and qual and "<" not in qual and "." not in qual:
+        try:
+            if getattr(importlib.import_module(mod), qual, None) is fn:
+                return f"{mod}:{qual}"
+        except ImportError:
+            pass
+    return register_callable(fn)
+
+
+def _is_model(x) -> bool:
+    return hasattr(x, "state_dict") and hasattr(x, "save_pretrained")
+
+
+def _weights_sha(model) -> str:
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class FacadeTrainer:
+    """Shared constructor, train, evaluate and save for every trainer class (composition, not a hierarchy).
+
+    Subclasses set `algorithm` (a coopflow algorithm name) and `config_class` (the pydantic config)."""
+
+    algorithm = "magrpo"
+    config_class: type = None  # set by each public trainer class
+    actor_critic = False
+
+    def __init__(self, agent_model: str | Any = None, agents: list | None = None, num_agents: int = 2,
+                 tokenizer=None, model_config: dict | None = None, train_dataset=None, eval_dataset=None,
+                 dataset_type: str | None = None, reward_func=None, reward_processor=None, formatters=None,
+                 external_transition=None, wandb_config: dict | None = None, eval_logger=None, eval_aggregator=None,
+                 metrics_callback=None, args=None, critic_model: str | Any = None, critics: list | None = None,
+                 data_dir: str | None = None, seed: int = 0):
+        from stages.rewards import BUILTIN_REWARDS
+
+        # --- the reference's argument checks, in its order and with its phrases
+        if reward_func is None or not callable(reward_func):
+            raise ValueError("reward_func must be a callable that scores the agents' joint completions")
+        self.args = args if args is not None else self.config_class()
+        if not isinstance(self.args, self.config_class):
+            raise TypeError(f"args must be a {self.config_class.__name__}, got {type(self.args).__name__}")
+        if agent_model is None and not agents:
+            raise ValueError("Either agent_model or agents must be provided")
+        if agents is not None and agent_model is not None:
+            if isinstance(agent_model, str) and (len(agents) != num_agents or any(a != agent_model for a in agents)):
+                raise ValueError("conflict between agent_model and agents: agents must list num_agents copies of "
+                                 "agent_model (or drop agent_model for heterogeneous agents)")
+        if agents is None and not isinstance(agent_model, str) and num_agents > 1:
+            raise ValueError("agent_model should be a string to create homogeneous agents (a pretrained identifier "
+                             "string or directory); pass model objects as agents=[...]")
+        n = len(agents) if agents is not None and agent_model is None else num_agents
+        if self.args.num_agents is not None and self.args.num_agents != n:
+            raise ValueError(f"conflict: args.num_agents={self.args.num_agents} but {n} agents were given")
+        objects = agents is not None and any(_is_model(a) for a in agents)
+        toks = tokenizer if isinstance(tokenizer, (list, tuple)) else None
+        if toks is not None and len(toks) != n:
+            raise ValueError(f"tokenizers length {len(toks)} does not match num_agents {n}")
+        if objects and tokenizer is None:
+            raise ValueError("agents given as model objects need tokenizer (one, or a list of num_agents)")
+        if getattr(self.args, "num_turns", 1) > 1 and external_transition is None:
+            raise ValueError("num_turns > 1 requires an external_transition(prompt=..., agent_completions=..., "
+                             "num_agents=..., prompt_history_per_agent=..., response_history_per_agent=...)")
+        if formatters is not None and isinstance(formatters, (list, tuple)) and len(formatters) != n:
+            raise ValueError(f"formatters length {len(formatters)} does not match num_agents {n}")
+        rdev = getattr(self.args, "reference_devices", None)
+        if isinstance(rdev, (list, tuple)) and len(rdev) not in (1, n):
+            raise ValueError(f"reference_devices length {len(rdev)} must be 1 or num_agents ({n})")
+        self._check_critics(critic_model, critics, n)
+
+        # --- what the run config will reference
+        self.num_agents = n
+        self.model_config = dict(model_config or {})
+        self.train_dataset, self.eval_dataset, self.dataset_type = train_dataset, eval_dataset, dataset_type
+        self.reward_func, self.reward_processor = reward_func, reward_processor
+        self.formatters, self.external_transition = formatters, external_transition
+        self.wandb_config, self.metrics_callback = dict(wandb_config or {}), metrics_callback
+        self.eval_logger, self.eval_aggregator = eval_logger, eval_aggregator
+        self.data_dir, self.seed = data_dir, seed
+        self._reward_name = callable_ref(reward_func, BUILTIN_REWARDS)
+        self._critic_src = critic_model
+        self._critics_src = critics
+        self._last: dict | None = None
+
+        # --- load what the public attributes expose (no tokenizer call, no generation)
+        from stages.models import adamw, load_agent
+
+        dtype = self._dtype()
+        if agents is not None and agent_model is None:
+            items = list(agents)
+        else:
+            items = [agent_model] * n
+        self.agents, self.tokenizers, self._sources = [], [], []
+        for i, a in enumerate(items):
+            if _is_model(a):
+                tok = toks[i] if toks is not None else tokenizer
+                self.agents.append(a)
+                self.tokenizers.append(tok)
+                self._sources.append(None)  # snapshotted to a directory at train time
+            else:
+                src = str(a)
+                model, tok = load_agent(self._load_source(src), dtype, self._attn())
+                if toks is not None:
+                    tok = toks[i]
+                elif tokenizer is not None:
+                    tok = tokenizer
+                self.agents.append(model)
+                self.tokenizers.append(tok)
+                self._sources.append(src)
+        self.optimizers = [adamw([p for p in m.parameters() if p.requires_grad], self.args.agent_learning_rate)
+                           for m in self.agents]
+        self.reference_models = []
+        if getattr(self.args, "reference_kl_enabled", False):
+            for m in self.agents:
+                ref = copy.deepcopy(m).eval()
+                ref.requires_grad_(False)
+                self.reference_models.append(ref)
+        self.critics, self.critic_optimizers = self._load_critics(n, dtype)
+
+    # --- critics (IAC / MAAC override) --------------------------------------------------------------
+
+    def _check_critics(self, critic_model, critics, n: int) -> None:
+        if critic_model is not None or critics:
+            raise ValueError(f"{type(self).__name__} has no critic: critic_model/critics are for IAC and MAAC")
+
+    def _load_critics(self, n: int, dtype: str) -> tuple[list, list]:
+        return [], []
+
+    # --- sources and config -------------------------------------------------------------------------
+
+    def _dtype(self) -> str:
+        mc = self.model_config
+        d = mc.get("torch_dtype") or mc.get("dtype") or (mc.get("model_kwargs") or {}).get("torch_dtype") \
+            or (mc.get("model_kwargs") or {}).get("dtype") or "float32"
+        return str(d).replace("torch.", "")
+
+    def _attn(self) -> str | None:
+        mc = self.model_config
+        if "attn_implementation" in mc:
+            return mc["attn_implementation"]
+        return (mc.get("model_kwargs") or {}).get("attn_implementation", "sdpa")
+
+    def _load_source(self, src: str) -> str:
+        """'tiny' → the store's tiny model dir; anything else as given."""
+        if src != "tiny":
+            return src
+        from artifacts import ArtifactStore
+        from stages.train_online import resolve_model_sources
+
+        cfg = validate_config({"agents": {"agent_model": "tiny"}, "data_dir": self.data_dir,
+                               "trainer": {"num_turns": 1}})
+        store = ArtifactStore(cfg.resolved_data_dir() / "artifacts")
+        return resolve_model_sources(["tiny"], cfg, store, "agents")[0][0]
+
+    def _data_root(self) -> Path:
+        return validate_config({"data_dir": self.data_dir, "trainer": {"num_turns": 1}}).resolved_data_dir()
+
+    def _snapshot(self, model, tok, root: Path) -> str:
+        """An in-memory model (+ tokenizer) as a directory named by its weights."""
+        d = root / "models" / _weights_sha(model)
+        if not (d / "config.json").is_file():
+            tmp = d.with_name(d.name + ".tmp")
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            tmp.rename(d)
+        return str(d)
+
+    def _taskset(self, root: Path) -> dict:
+        if self.train_dataset is None:
+            raise ValueError("train_dataset is required to train (an HF datasets.Dataset with the task items)")
+        from datasets import DatasetDict
+
+        ev = self.eval_dataset if self.eval_dataset is not None else self.train_dataset
+        fp = hashlib.sha256(f"{self.train_dataset._fingerprint}|{ev._fingerprint}".encode()).hexdigest()[:16]
+        d = root / "datasets" / fp
+        if not (d / "dataset_dict.json").is_file():
+            import datasets
+
+            datasets.disable_progress_bars()
+            DatasetDict({"train": self.train_dataset, "eval": ev}).save_to_disk(str(d))
+        cols = self.train_dataset.column_names
+        out = {"name": str(d), "split": "train", "eval_split": "eval"}
+        if "prompt" not in cols:  # the default formatter's text; formatters usually build the real prompts
+            text = next((c for c in cols if isinstance(self.train_dataset[0][c], str)), cols[0])
+            out["prompt_template"] = "{" + text + "}"
+        return out
+
+    def _processor_spec(self) -> str | None:
+        p = self.reward_processor
+        if p is None:
+            return None
+        return getattr(p, "spec", None) or callable_ref(p)
+
+    def _formatter_cfg(self):
+        f = self.formatters
+        if f is None:
+            return None
+        if isinstance(f, (list, tuple)):
+            return [{"function": callable_ref(x)} for x in f]
+        return {"function": callable_ref(f)}
+
+    def run_config(self) -> RunConfig:
+        """The coopflow run config this trainer runs (same stages, same keys as the flows)."""
+        root = self._data_root()
+        srcs = [s if s is not None else self._snapshot(m, t, root)
+                for s, m, t in zip(self._sources, self.agents, self.tokenizers)]
+        agents: dict = {"num_agents": self.num_agents, "dtype": self._dtype(), "attn_implementation": self._attn()}
+        if len(set(srcs)) == 1:
+            agents["agent_model"] = srcs[0]
+        else:
+            agents["agents"] = srcs
+        tracking = {"experiment": self.wandb_config.get("project") or "coopflow"}
+        if self.wandb_config.get("name"):
+            tracking["run_name"] = self.wandb_config["name"]
+        data: dict = {"algorithm": self.algorithm, "agents": agents, "taskset": self._taskset(root),
+                      "reward": {"name": self._reward_name, "processor": self._processor_spec()},
+                      "trainer": self.args.model_dump(), "seed": self.seed, "data_dir": str(root),
+                      "tracking": tracking}
+        rr = getattr(self.reward_func, "reward_range", None)
+        if rr is not None:
+            data["reward"]["reward_range"] = list(rr)
+        if self._formatter_cfg() is not None:
+            data["formatters"] = self._formatter_cfg()
+        if self.external_transition is not None and getattr(self.args, "num_turns", 1) > 1:
+            data["transition"] = {"name": callable_ref(self.external_transition)}
+        if self.metrics_callback is not None:
+            data["metrics_callback"] = callable_ref(self.metrics_callback)
+        data.update(self._critic_section(root))
+        return validate_config(data, self.algorithm)
+
+    def _critic_section(self, root: Path) -> dict:
+        return {}
+
+    # --- train / evaluate / save ---------------------------------------------------------------------
+
+    def train(self, as_flow: bool = False, show_progress: bool = True) -> dict:
+        """Run the stages in this process (artifacts + MLflow); `as_flow=True` runs the Prefect flow instead.
+        Returns the run summary; the trained weights are copied into `self.agents`."""
+        cfg = self.run_config()
+        if as_flow:
+            from flows.train import FLOWS
+
+            out = FLOWS[f"train-{self.algorithm}"](config=cfg.model_dump(mode="json"), show_progress=show_progress)
+        else:
+            from coopflow._direct import run_tracked
+
+            out = run_tracked(cfg, self.wandb_config.get("tags"), show_progress)
+        self._last = out
+        self._load_trained(Path(out["checkpoint"]))
+        return out
+
+    def _load_trained(self, ckpt: Path) -> None:
+        """Copy a checkpoint's agent weights into the live agents (and critics)."""
+        from transformers import AutoModelForCausalLM
+
+        for i, m in enumerate(self.agents):
+            trained = AutoModelForCausalLM.from_pretrained(ckpt / f"agent_{i}", dtype=next(m.parameters()).dtype)
+            m.load_state_dict(trained.state_dict())
+
+    def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
+        """Evaluation metrics (`eval/turn_t/reward_mean`, …) of the current agents on the eval dataset."""
+        from artifacts import ArtifactStore
+        from stages import train_online as T
+        from stages.build_taskset import build_taskset
+        from stages.generate_rollouts import derive_seed
+        from stages.models import AgentState, Policies
+
+        cfg = self.run_config()
+        store = ArtifactStore(cfg.resolved_data_dir() / "artifacts")
+        ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
+        pol = Policies([AgentState(m, t, self.args.agent_learning_rate) for m, t in zip(self.agents, self.tokenizers)])
+        n = num_eval_samples if num_eval_samples is not None else (cfg.trainer.eval_num_samples or None)
+        caller, proc, _ = ctx.eval_reward()
+        _, metrics = T.evaluate(pol, ctx.eval_items[:n] if n else ctx.eval_items, T.formatters_for(ctx, pol),
+                                ctx.sampling, caller, proc, derive_seed(cfg.seed, "facade-eval"), ctx.episode)
+        return metrics
+
+    def save_model(self, output_dir: str) -> None:
+        """Write `agent_i/` (+ critics as the reference lays them out); the trained checkpoint when there is one."""
+        import shutil
+
+        out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if self._last is not None:
+            src = Path(self._last["checkpoint"])
+            for p in src.iterdir():
+                if p.name.startswith("agent_") or p.name == "critic":
+                    shutil.copytree(p, out / p.name, dirs_exist_ok=True)
+            return
+        for i, (m, t) in enumerate(zip(self.agents, self.tokenizers)):
+            m.save_pretrained(out / f"agent_{i}")
+            t.save_pretrained(out / f"agent_{i}")

@@ -1,0 +1,16 @@
+"""MAAC: one centralized critic (CoMLRL's `comlrl.trainers.actor_critic.maac`)."""
+
+from coopflow.trainers.actor_critic._critics import CriticTrainer
+from schemas.config import MAACConfig
+
+__all__ = ["MAACConfig", "MAACTrainer"]
+
+
+class MAACTrainer(CriticTrainer):
+    """Actors without heads and exactly one centralized critic (`critic_model`, or `critics` of length 1)."""
+
+    algorithm = "maac"
+    config_class = MAACConfig
+
+    def _critic_count(self, n: int) -> int:
+        return 1

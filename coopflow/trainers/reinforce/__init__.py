@@ -1,0 +1,9 @@
+"""The critic-free family: MAGRPO, MAREINFORCE, MARLOO, MAReMax."""
+
+from coopflow.trainers.reinforce.magrpo import MAGRPOConfig, MAGRPOTrainer
+from coopflow.trainers.reinforce.mareinforce import MAREINFORCEConfig, MAREINFORCETrainer
+from coopflow.trainers.reinforce.maremax import MAReMaxConfig, MAReMaxTrainer
+from coopflow.trainers.reinforce.marloo import MARLOOConfig, MARLOOTrainer
+
+__all__ = ["MAGRPOConfig", "MAGRPOTrainer", "MAREINFORCEConfig", "MAREINFORCETrainer", "MARLOOConfig",
+           "MARLOOTrainer", "MAReMaxConfig", "MAReMaxTrainer"]

@@ -1,0 +1,277 @@
+"""The Python API facade: the reference's import paths, config rules, constructor errors and attributes."""
+
+import importlib
+
+import pytest
+from datasets import Dataset
+
+from tests.helpers import length_ratio
+
+PROMPTS = [f"write a story about {t}" for t in ("a fox", "the moon", "rain", "a tree")]
+
+
+def _ds(n=4):
+    return Dataset.from_dict({"prompt": PROMPTS[:n]})
+
+
+def _small(cls, **kw):
+    base = dict(num_train_epochs=1, agent_learning_rate=1e-3, max_new_tokens=8, eval_interval=0, eval_num_samples=2,
+                temperature=1.0, top_p=1.0)
+    if "num_turns" in cls.model_fields:
+        base["num_turns"] = 1
+    if cls.model_fields["num_generations"].default >= 2:
+        base["num_generations"] = 2
+    base.update(kw)
+    return cls(**{k: v for k, v in base.items() if k in cls.model_fields})
+
+
+# --- import paths ---------------------------------------------------------------------------------
+
+
+def test_the_reference_import_paths_export_the_flows_own_config_classes():
+    import schemas.config as S
+
+    paths = {"coopflow.trainers.reinforce.magrpo": ["MAGRPOConfig", "MAGRPOTrainer"],
+             "coopflow.trainers.reinforce.mareinforce": ["MAREINFORCEConfig", "MAREINFORCETrainer"],
+             "coopflow.trainers.reinforce.marloo": ["MARLOOConfig", "MARLOOTrainer"],
+             "coopflow.trainers.reinforce.maremax": ["MAReMaxConfig", "MAReMaxTrainer"],
+             "coopflow.trainers.actor_critic.iac": ["IACConfig", "IACTrainer"],
+             "coopflow.trainers.actor_critic.maac": ["MAACConfig", "MAACTrainer"],
+             "coopflow.trainers.preference.madpo": ["MADPOConfig", "MADPOTrainer"],
+             "coopflow.trainers.preference.marlhf": ["MARLHFConfig", "MARLHFTrainer", "JointRewardModel"],
+             "coopflow.trainers.preference.iterative": ["MADPOIterConfig", "MADPOIterTrainer", "MARLHFIterConfig",
+                                                        "MARLHFIterTrainer"],
+             "coopflow.utils.reward_processor": ["RewardProcessors"],
+             "coopflow.utils.reward_utils": ["set_reward_range"]}
+    top = importlib.import_module("coopflow.trainers")
+    for mod, names in paths.items():
+        m = importlib.import_module(mod)
+        for name in names:
+            assert hasattr(m, name), f"{mod}.{name}"
+            if name.endswith("Config"):
+                assert getattr(m, name) is getattr(S, name) is getattr(top, name)  # the same models, not copies
+                getattr(m, name)()  # constructs with no arguments
+    assert S.MAREINFORCEConfig().advantage_mode == "raw" and S.MAReMaxConfig().advantage_mode == "max"
+
+
+# --- config rules ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls,kw,field", [
+    ("MAGRPOConfig", {"num_generations": 1}, "num_generations"),
+    ("MAGRPOConfig", {"num_train_epochs": 0}, "num_train_epochs"),
+    ("MAGRPOConfig", {"rollout_buffer_size": -1}, "rollout_buffer_size"),
+    ("MAGRPOConfig", {"parallel_training": "auto"}, "parallel_training"),
+    ("MAGRPOConfig", {"parallel_training": "invalid"}, "parallel_training"),
+    ("MAGRPOConfig", {"parallel_training": "mp"}, "agent_devices"),
+    ("MAGRPOConfig", {"advantage_mode": "median"}, "advantage_mode"),
+    ("MAGRPOConfig", {"reference_kl_coef": -0.1}, "reference_kl_coef"),
+    ("IACConfig", {"num_turns": 2, "num_generations": 2}, "num_generations"),
+    ("IACConfig", {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]}, "critic_devices"),
+    ("MAACConfig", {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]}, "critic_devices"),
+    ("MADPOConfig", {"num_turns": 2}, "num_turns"),
+    ("MADPOConfig", {"dpo_beta": 0}, "dpo_beta"),
+    ("MADPOConfig", {"pair_selection": "all"}, "preference_pairs_per_sample"),
+    ("MARLHFConfig", {"num_generations": 1}, "num_generations"),
+    ("MARLHFConfig", {"reward_learning_rate": 0}, "reward_learning_rate"),
+    ("MADPOIterConfig", {"preference_replay_mode": "nearest_k"}, "preference_replay_k"),
+    ("MADPOIterConfig", {"preference_replay_mode": "lambda_decay", "preference_replay_lambda": 1.5},
+     "preference_replay_lambda"),
+    ("MADPOIterConfig", {"preference_replay_mode": "current", "preference_replay_sample_size": 3},
+     "preference_replay_sample_size"),
+    ("MARLHFIterConfig", {"preference_scoring_reward": "oracle"}, "preference_scoring_reward"),
+])
+def test_every_invalid_value_is_a_value_error_naming_the_field(cls, kw, field):
+    import schemas.config as S
+
+    with pytest.raises(ValueError, match=field):
+        getattr(S, cls)(**kw)
+
+
+def test_accepted_combinations():
+    import schemas.config as S
+
+    assert S.MAGRPOConfig(parallel_training="none").parallel_training == "none"
+    assert S.MAGRPOConfig(parallel_training="null").parallel_training == "none"
+    assert S.MAGRPOConfig(parallel_training=None).parallel_training == "none"
+    assert S.MAGRPOConfig(parallel_training="mp", agent_devices=["cpu", "cpu"]).parallel_training == "mp"
+    assert S.MARLHFConfig(rl_algorithm="maac", num_generations=1).num_generations == 1
+    assert S.IACConfig(num_turns=2, num_generations=1).num_turns == 2
+
+
+# --- constructor errors and attributes ------------------------------------------------------------
+
+
+def test_constructor_errors_use_the_reference_phrases(tiny_model_dir):
+    from coopflow.trainers import IACConfig, IACTrainer, MAACConfig, MAACTrainer, MAGRPOConfig, MAGRPOTrainer
+
+    src = str(tiny_model_dir)
+    cfg = _small(MAGRPOConfig)
+    with pytest.raises(ValueError, match="reward_func"):
+        MAGRPOTrainer(agent_model=src, reward_func=None, args=cfg)
+    with pytest.raises(ValueError, match="Either agent_model or agents"):
+        MAGRPOTrainer(reward_func=length_ratio, args=cfg)
+    with pytest.raises(ValueError, match="conflict"):
+        MAGRPOTrainer(agent_model=src, agents=[src, "other"], reward_func=length_ratio, args=cfg)
+    with pytest.raises(ValueError, match="external_transition"):
+        MAGRPOTrainer(agent_model=src, reward_func=length_ratio, args=MAGRPOConfig(num_turns=2))
+    with pytest.raises(ValueError, match="tokenizers length"):
+        MAGRPOTrainer(agent_model=src, tokenizer=[object()] * 3, reward_func=length_ratio, args=cfg)
+    with pytest.raises(ValueError, match="num_generations"):
+        MAGRPOTrainer(agent_model=src, reward_func=length_ratio, args=MAGRPOConfig(num_generations=1))
+    with pytest.raises(ValueError, match="use_separate_critic"):
+        IACTrainer(agent_model=src, critic_model=src, reward_func=length_ratio,
+                   args=_small(IACConfig, use_separate_critic=False))
+    with pytest.raises(ValueError, match="critics must be provided"):
+        IACTrainer(agent_model=src, reward_func=length_ratio, args=_small(IACConfig))
+    with pytest.raises(ValueError, match="critics length"):
+        IACTrainer(agent_model=src, critics=[src], reward_func=length_ratio, args=_small(IACConfig))
+    with pytest.raises(ValueError, match="critics length"):
+        MAACTrainer(agent_model=src, critics=[src, src], reward_func=length_ratio, args=_small(MAACConfig))
+    with pytest.raises(ValueError, match="reference_devices"):
+        MAGRPOTrainer(agent_model=src, reward_func=length_ratio,
+                      args=_small(MAGRPOConfig, reference_devices=["cpu", "cpu", "cpu"]))
+
+
+def test_public_attributes_critic_counts_and_references(tiny_model_dir, tmp_path):
+    import torch
+
+    from coopflow.trainers import IACConfig, IACTrainer, MAACConfig, MAACTrainer, MAGRPOConfig, MAGRPOTrainer
+
+    src = str(tiny_model_dir)
+    shared = IACTrainer(agent_model=src, reward_func=length_ratio, args=_small(IACConfig, use_separate_critic=False),
+                        data_dir=str(tmp_path))
+    assert shared.num_agents == 2 and len(shared.agents) == len(shared.tokenizers) == 2
+    assert shared.critics == [] and shared.critic_optimizers == []
+    sep = IACTrainer(agent_model=src, critic_model=src, reward_func=length_ratio, args=_small(IACConfig),
+                     data_dir=str(tmp_path))
+    assert len(sep.critics) == 2 and len(sep.critic_optimizers) == 2
+    maac = MAACTrainer(agent_model=src, critics=[src], reward_func=length_ratio, args=_small(MAACConfig),
+                       data_dir=str(tmp_path))
+    assert len(maac.critics) == 1 and len(maac.critic_optimizers) == 1
+    assert MAGRPOTrainer(agent_model=src, reward_func=length_ratio, args=_small(MAGRPOConfig)).reference_models == []
+    kl = MAGRPOTrainer(agent_model=src, reward_func=length_ratio,
+                       args=_small(MAGRPOConfig, reference_kl_enabled=True))
+    ref, agent = kl.reference_models[0], kl.agents[0]
+    assert ref is not agent and not any(p.requires_grad for p in ref.parameters())
+    with torch.no_grad():
+        next(agent.parameters()).add_(1.0)  # a separate copy: training the agent leaves the reference alone
+    assert not torch.equal(next(agent.parameters()), next(ref.parameters()))
+    assert len(kl.optimizers) == 2
+
+
+def test_construction_calls_no_tokenizer_method_and_never_generates(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from coopflow.trainers import MAGRPOConfig, MAGRPOTrainer
+
+    class Untouchable:
+        def __getattr__(self, name):
+            raise AssertionError(f"construction touched tokenizer.{name}")
+
+    models = [AutoModelForCausalLM.from_pretrained(tiny_model_dir) for _ in range(2)]
+    for m in models:
+        m.generate = lambda *a, **k: (_ for _ in ()).throw(AssertionError("construction generated"))
+    tr = MAGRPOTrainer(agents=models, tokenizer=[Untouchable(), Untouchable()], reward_func=length_ratio,
+                       args=_small(MAGRPOConfig))
+    assert tr.agents == models and tr.num_agents == 2
+
+
+def test_wandb_config_maps_onto_mlflow_and_functions_become_config_names(tiny_model_dir, tmp_path):
+    from coopflow.trainers import MAGRPOConfig, MAGRPOTrainer
+    from coopflow.utils.reward_processor import RewardProcessors
+    from stages.rewards import length_ratio as builtin
+
+    def local_reward(c1, c2):
+        return [1.0]
+
+    tr = MAGRPOTrainer(agent_model=str(tiny_model_dir), reward_func=builtin, train_dataset=_ds(),
+                       reward_processor=RewardProcessors.scale(2), formatters=lambda it: it["prompt"] + "!",
+                       args=_small(MAGRPOConfig), data_dir=str(tmp_path),
+                       wandb_config={"project": "stories", "name": "first", "tags": ["x"]})
+    cfg = tr.run_config()
+    assert (cfg.tracking.experiment, cfg.tracking.run_name) == ("stories", "first")
+    assert cfg.reward.name == "length_ratio" and cfg.reward.processor == "scale:2.0"
+    assert cfg.formatters.function.startswith("mem:")
+    from tests.helpers import constant_reward
+
+    tr2 = MAGRPOTrainer(agent_model=str(tiny_model_dir), reward_func=constant_reward, train_dataset=_ds(),
+                        args=_small(MAGRPOConfig), data_dir=str(tmp_path))
+    assert tr2.run_config().reward.name == "tests.helpers:constant_reward"  # importable: a real import path
+    tr3 = MAGRPOTrainer(agent_model=str(tiny_model_dir), reward_func=local_reward, train_dataset=_ds(),
+                        args=_small(MAGRPOConfig), data_dir=str(tmp_path))
+    name = tr3.run_config().reward.name
+    assert name.startswith("mem:")
+    # editing the function changes its name (and so every artifact key that depends on the reward)
+
+    def local_reward(c1, c2):  # noqa: F811
+        return [0.0]
+
+    tr4 = MAGRPOTrainer(agent_model=str(tiny_model_dir), reward_func=local_reward, train_dataset=_ds(),
+                        args=_small(MAGRPOConfig), data_dir=str(tmp_path))
+    assert tr4.run_config().reward.name != name
+
+
+def test_reward_processors_and_set_reward_range():
+    from coopflow.utils.reward_processor import RewardProcessors as RP
+    from coopflow.utils.reward_utils import set_reward_range
+
+    assert RP.identity()(0.3) == 0.3 and RP.clamp(-1, 1)(5.0) == 1.0 and RP.scale(3)(2.0) == 6.0
+    assert abs(RP.sigmoid_scale()(0.0) - 0.5) < 1e-12
+    assert abs(RP.exponential_scale(2.0)(1.0) - (2.718281828459045 ** 2 - 1)) < 1e-9
+    assert abs(RP.exponential_scale(2.0)(-1.0) - (-(2.718281828459045 ** 2) + 1)) < 1e-9
+    assert RP.normalize_by_length(100)(1.0, length=50) == 0.5 and RP.normalize_by_length(100)(1.0) == 1.0
+    f = set_reward_range(lambda a, b: [0.0], 0, 1)
+    assert f.reward_range == (0.0, 1.0)
+    with pytest.raises(ValueError, match="min < max"):
+        set_reward_range(f, 1, 1)
+
+
+# --- training -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_facade_train_writes_the_same_artifacts_as_the_flow(tiny_model_dir, tmp_path, prefect_harness):
+    from coopflow.trainers import MAGRPOConfig, MAGRPOTrainer
+    from stages.models import LIVE
+
+    args = _small(MAGRPOConfig, rollout_buffer_size=2)
+    tr = MAGRPOTrainer(agent_model=str(tiny_model_dir), reward_func=length_ratio, train_dataset=_ds(),
+                       args=args, data_dir=str(tmp_path / "facade"))
+    LIVE.clear()
+    a = tr.train(show_progress=False)
+    cfg = tr.run_config().model_dump(mode="json")
+    cfg["data_dir"] = str(tmp_path / "flow")
+    from flows.train import train_magrpo
+
+    LIVE.clear()
+    b = train_magrpo(config=cfg)
+    assert a["checkpoint"].split("/")[-1] == b["checkpoint"].split("/")[-1]  # the same checkpoint key
+    fa = (tmp_path / "facade").glob("artifacts/checkpoint/*/agent_0/model.safetensors")
+    fb = (tmp_path / "flow").glob("artifacts/checkpoint/*/agent_0/model.safetensors")
+    assert next(fa).read_bytes() == next(fb).read_bytes()  # and the same trained weights
+    # the trained weights are in trainer.agents; save_model writes the reference layout
+    tr.save_model(str(tmp_path / "saved"))
+    assert (tmp_path / "saved" / "agent_1" / "config.json").is_file()
+    assert set(tr.evaluate()) == {"eval/turn_1/reward_mean", "eval/turn_1/expected_return"}
+    LIVE.clear()
+
+
+@pytest.mark.slow
+def test_facade_train_moves_the_length_ratio_reward(tmp_path):
+    from coopflow.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+    from stages.models import LIVE
+
+    topics = ["a robot", "the ocean", "a dragon", "a city", "the moon", "a little fox", "a tree", "the rain"]
+    ds = Dataset.from_dict({"prompt": [f"write a story about {t}" for t in topics]})
+    args = MAGRPOConfig(num_turns=1, num_train_epochs=2, agent_learning_rate=1e-3, num_generations=4,
+                        max_new_tokens=32, temperature=1.0, top_p=1.0, top_k=50, rollout_buffer_size=1,
+                        eval_interval=0, eval_num_samples=8)
+    tr = MAGRPOTrainer(agent_model="tiny", num_agents=2, reward_func=length_ratio, train_dataset=ds, args=args,
+                       data_dir=str(tmp_path))
+    LIVE.clear()
+    before = tr.evaluate()["eval/turn_1/reward_mean"]
+    out = tr.train(show_progress=False)
+    assert out["reward_last"] > out["reward_first"] + 0.15, out
+    assert tr.evaluate()["eval/turn_1/reward_mean"] > before + 0.15  # the agents themselves were trained
+    LIVE.clear()
