@@ -29,6 +29,10 @@ def run_tracked(cfg: RunConfig, tags: list[str] | dict | None = None, show_progr
             tracker.log_metrics(store.read_rows(ref), flush=False)
         step = out.get("env_steps") or 0
         tracker.log_metrics([{"key": k, "value": v, "env_step": step} for k, v in (out.get("eval") or {}).items()])
+        if cfg.algorithm not in ITERATIVE + PREFERENCE:  # lets a longer run of this config continue this one
+            from pathlib import Path
+
+            tracker.tag({"coopflow.run_key": Path(out["checkpoint"]).name})
         out["mlflow_run_id"] = run_id
         ok = True
         return out

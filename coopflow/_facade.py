@@ -73,8 +73,10 @@ class FacadeTrainer:
                  external_transition=None, wandb_config: dict | None = None, eval_logger=None, eval_aggregator=None,
                  metrics_callback=None, args=None, critic_model: str | Any = None, critics: list | None = None,
                  data_dir: str | None = None, seed: int = 0):
+        from flows.env import configure
         from stages.rewards import BUILTIN_REWARDS
 
+        configure(data_dir)  # embedded defaults (Prefect home, MLflow DB) under the data dir, before Prefect loads
         # --- the reference's argument checks, in its order and with its phrases
         if reward_func is None or not callable(reward_func):
             raise ValueError("reward_func must be a callable that scores the agents' joint completions")
@@ -274,14 +276,21 @@ class FacadeTrainer:
 
     # --- train / evaluate / save ---------------------------------------------------------------------
 
-    def train(self, as_flow: bool = False, show_progress: bool = True) -> dict:
+    def train(self, as_flow: bool = False, show_progress: bool = True, continue_run: str | None = None) -> dict:
         """Run the stages in this process (artifacts + MLflow); `as_flow=True` runs the Prefect flow instead.
-        Returns the run summary; the trained weights are copied into `self.agents`."""
+
+        `continue_run` (or `wandb_config={"id": RUN_ID, "resume": ...}`) continues an earlier, shorter run of
+        this config (e.g. more epochs) into the same MLflow run, env_step continuing; it runs as the flow,
+        which checks that the earlier run belongs to this config. Returns the run summary; the trained
+        weights are copied into `self.agents`."""
         cfg = self.run_config()
-        if as_flow:
+        continue_run = continue_run or (self.wandb_config.get("id") if self.wandb_config.get("resume") else None)
+        if as_flow or continue_run:
             from flows.train import FLOWS
 
-            out = FLOWS[f"train-{self.algorithm}"](config=cfg.model_dump(mode="json"), show_progress=show_progress)
+            kw = {"continue_run": continue_run} if continue_run else {}
+            out = FLOWS[f"train-{self.algorithm}"](config=cfg.model_dump(mode="json"), show_progress=show_progress,
+                                                   **kw)
         else:
             from coopflow._direct import run_tracked
 
