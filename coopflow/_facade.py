@@ -268,6 +268,9 @@ class FacadeTrainer:
             data["transition"] = {"name": callable_ref(self.external_transition)}
         if self.metrics_callback is not None:
             data["metrics_callback"] = callable_ref(self.metrics_callback)
+        if self.eval_logger is not None and self.eval_aggregator is not None:  # the reference uses them as a pair
+            data["eval_logger"] = callable_ref(self.eval_logger)
+            data["eval_aggregator"] = callable_ref(self.eval_aggregator)
         data.update(self._critic_section(root))
         return validate_config(data, self.algorithm)
 
@@ -322,7 +325,8 @@ class FacadeTrainer:
         n = num_eval_samples if num_eval_samples is not None else (cfg.trainer.eval_num_samples or None)
         caller, proc, _ = ctx.eval_reward()
         _, metrics = T.evaluate(pol, ctx.eval_items[:n] if n else ctx.eval_items, T.formatters_for(ctx, pol),
-                                ctx.sampling, caller, proc, derive_seed(cfg.seed, "facade-eval"), ctx.episode)
+                                ctx.sampling, caller, proc, derive_seed(cfg.seed, "facade-eval"), ctx.episode,
+                                ctx.eval_hooks)
         return metrics
 
     def save_model(self, output_dir: str) -> None:

@@ -399,6 +399,12 @@ class RunConfig(_Strict):
     max_sequences: int = Field(2_000_000, ge=0, description="Refuse a run that would generate more sequences than "
                                                             "this (pre-flight budget; 0 = no limit).")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
+    eval_logger: str | None = Field(
+        None, description="Import path of eval_logger(agent_completions_turns, test_cases, entry_points, prompts) "
+                          "-> detailed results (the reference's evaluation hook; needs eval_aggregator).")
+    eval_aggregator: str | None = Field(
+        None, description="Import path of eval_aggregator(detailed, num_turns) -> {'turn_k/...': float}, logged as "
+                          "eval/turn_k/... (needs eval_logger).")
     metrics_callback: str | None = Field(
         None, description="'module:function' called after every update with that update's samples (dicts: item_id, "
                           "turn, agent, sample, prompt, completion_text, reward) -> {name: float}, logged unprefixed.")
@@ -406,6 +412,8 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _post(self) -> "RunConfig":
         t = self.trainer
+        if (self.eval_logger is None) != (self.eval_aggregator is None):
+            raise ValueError("eval_logger and eval_aggregator go together: set both or neither")
         if t.num_agents is not None and self.agents.num_agents is not None and t.num_agents != self.agents.num_agents:
             raise ValueError(f"trainer.num_agents={t.num_agents} disagrees with agents.num_agents={self.agents.num_agents}")
         if t.num_agents is not None and self.agents.num_agents is None:

@@ -19,8 +19,9 @@ from stages.score_rewards import score_nodes, score_rewards
 
 def evaluate(policies: Policies, items: list[dict], formatters: list[Callable[[dict], str]],
              sampling: SamplingConfig, caller: RewardCaller, processor: Callable[[float], float],
-             seed: int, episode: Episode | None = None) -> tuple[list[dict], dict[str, float]]:
-    """Eval rows (schema `eval`) and metrics for the given items."""
+             seed: int, episode: Episode | None = None, hooks: tuple | None = None) -> tuple[list[dict], dict[str, float]]:
+    """Eval rows (schema `eval`) and metrics for the given items; `hooks` = (eval_logger, eval_aggregator)
+    adds the aggregator's `turn_k/...` metrics as `eval/turn_k/...` (the reference's evaluation hooks)."""
     if not items:
         return [], {}
     episode = episode or Episode()
@@ -60,7 +61,29 @@ def evaluate(policies: Policies, items: list[dict], formatters: list[Callable[[d
         togo[(item_id, turn)] = per[(item_id, turn)] + episode.discount * togo.get((item_id, turn + 1), 0.0)
     for r in rows:
         r["return"] = togo[(r["item_id"], r["turn"])]
-    return rows, eval_metrics(rows)
+    metrics = eval_metrics(rows)
+    if hooks:
+        metrics.update(hook_metrics(rows, items, policies.n, episode.num_turns, *hooks))
+    return rows, metrics
+
+
+def hook_metrics(rows: list[dict], items: list[dict], n: int, num_turns: int, logger: Callable,
+                 aggregator: Callable) -> dict[str, float]:
+    """eval_logger(agent_completions_turns=[agent][item][turn], test_cases, entry_points, prompts) -> detailed;
+    eval_aggregator(detailed, num_turns=H) -> {key: number}, logged as eval/<key> (non-numbers dropped)."""
+    text = {(r["agent"], r["item_id"], r["turn"]): r["completion_text"] for r in rows}
+    ids = [it["_item_id"] for it in items]
+    turns = sorted({r["turn"] for r in rows})
+    completions = [[[text.get((a, i, t), "") for t in turns] for i in ids] for a in range(n)]
+    detailed = logger(agent_completions_turns=completions, test_cases=[it.get("test") for it in items],
+                      entry_points=[it.get("entry_point") for it in items], prompts=[it.get("prompt") for it in items])
+    out = {}
+    for k, v in (aggregator(detailed, num_turns=num_turns) or {}).items():
+        try:
+            out[f"eval/{k}"] = float(v)
+        except (TypeError, ValueError):
+            continue
+    return out
 
 
 def eval_metrics(rows: list[dict]) -> dict[str, float]:

@@ -235,7 +235,8 @@ def run_round(ctx: T.RunContext, r: int) -> dict:
         raise
     # --- evaluate (task reward) and checkpoint this round
     _, ev = T.evaluate(pol, ctx.eval_items[:t.eval_num_samples] if t.eval_num_samples else ctx.eval_items, fmts,
-                       ctx.sampling, ctx.caller, ctx.processor, derive_seed(cfg.seed, "round-eval", r), ctx.episode)
+                       ctx.sampling, ctx.caller, ctx.processor, derive_seed(cfg.seed, "round-eval", r), ctx.episode,
+                       ctx.eval_hooks)
     T.CALLS["evaluate"] += 1
     metrics.update(ev)
     state = {"round": r, "algorithm": cfg.algorithm}

@@ -44,7 +44,7 @@ from stages import budget
 from stages.build_taskset import items_digest, load_items
 from stages.compute_advantages import compute_advantages
 from stages.compute_advantages import joint_returns, tree_children
-from stages.evaluate import eval_metrics, evaluate
+from stages.evaluate import eval_metrics, evaluate, hook_metrics
 from stages.formatters import build_formatter
 from stages.generate_rollouts import SamplingConfig, derive_seed
 from stages.models import LIVE, Policies, build_tiny_model, checkpoint_sources, load_policies, save_checkpoint
@@ -132,6 +132,7 @@ class RunContext:
     eval_caller: RewardCaller | None = None  # MARLHF: the task reward for evaluation (training uses the RM)
     eval_processor: object = None
     eval_reward_id: dict | None = None
+    eval_hooks: tuple | None = None  # (eval_logger, eval_aggregator) from the config's import paths
 
     def eval_reward(self) -> tuple[RewardCaller, object, dict]:
         """(caller, processor, identity) of the reward evaluations use: always the task reward."""
@@ -234,6 +235,11 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
                                             processed_range(caller.fn, cfg.reward.reward_range, ctx.processor))
     if warn:
         ctx.warnings.append(warn)
+    if cfg.eval_logger and cfg.eval_aggregator:
+        from stages.rewards import load_callable
+
+        ctx.eval_hooks = (load_callable(cfg.eval_logger, "eval_logger"),
+                          load_callable(cfg.eval_aggregator, "eval_aggregator"))
     if reward_override:
         ctx.eval_caller, ctx.eval_processor, ctx.eval_reward_id = task_caller, ctx.processor, ctx.reward_id
         ctx.reward_id, ctx.processor = reward_override[1], resolve_processor(None)
@@ -488,7 +494,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
                 t0 = time.perf_counter()
                 ecaller, eproc, _ = ctx.eval_reward()
                 _, em = evaluate(pol, ctx.eval_items[:t.eval_num_samples], fmts, ctx.sampling, ecaller,
-                                 eproc, derive_seed(cfg.seed, "eval", u.index), ctx.episode)
+                                 eproc, derive_seed(cfg.seed, "eval", u.index), ctx.episode, ctx.eval_hooks)
                 CALLS["evaluate"] += 1
                 timing["eval_s"] += time.perf_counter() - t0
                 metric_rows += [{"key": k, "value": v, "env_step": base} for k, v in em.items()]
@@ -748,10 +754,14 @@ def evaluate_checkpoint(ctx: RunContext, ckpt: ArtifactRef) -> tuple[ArtifactRef
     key = eval_key(ctx, ckpt.key)
     found = ctx.store.find("eval", key)
     if found is not None:
-        return found, eval_metrics(ctx.store.read_rows(found))
+        rows = ctx.store.read_rows(found)
+        metrics = eval_metrics(rows)
+        if ctx.eval_hooks:  # hook metrics are computed from the stored rows, not stored themselves
+            metrics.update(hook_metrics(rows, items, ctx.n, ctx.episode.num_turns, *ctx.eval_hooks))
+        return found, metrics
     pol = peek_policies(ctx, ckpt)
     ecaller, eproc, _ = ctx.eval_reward()
     rows, metrics = evaluate(pol, items, formatters_for(ctx, pol), ctx.sampling, ecaller, eproc,
-                             derive_seed(ctx.cfg.seed, "final-eval"), ctx.episode)
+                             derive_seed(ctx.cfg.seed, "final-eval"), ctx.episode, ctx.eval_hooks)
     CALLS["evaluate"] += 1
     return ctx.store.put_table("eval", key, rows), metrics

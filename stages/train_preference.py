@@ -152,7 +152,7 @@ def train_dpo(ctx: T.RunContext, pairs: ArtifactRef, show_progress: bool = False
                 if t.eval_interval and t.eval_num_samples and updates % t.eval_interval == 0:
                     ecaller, eproc, _ = ctx.eval_reward()
                     _, em = T.evaluate(pol, ctx.eval_items[:t.eval_num_samples], fmts, ctx.sampling, ecaller, eproc,
-                                       derive_seed(cfg.seed, "eval", updates), ctx.episode)
+                                       derive_seed(cfg.seed, "eval", updates), ctx.episode, ctx.eval_hooks)
                     T.CALLS["evaluate"] += 1
                     metric_rows += [{"key": k, "value": v, "env_step": env} for k, v in em.items()]
                 chunk = ids[b:b + t.batch_size]

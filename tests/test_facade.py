@@ -275,3 +275,24 @@ def test_facade_train_moves_the_length_ratio_reward(tmp_path):
     assert out["reward_last"] > out["reward_first"] + 0.15, out
     assert tr.evaluate()["eval/turn_1/reward_mean"] > before + 0.15  # the agents themselves were trained
     LIVE.clear()
+
+
+def test_eval_logger_and_aggregator_add_eval_metrics(tiny_model_dir, tmp_path):
+    from coopflow.trainers import MAGRPOConfig, MAGRPOTrainer
+
+    seen = {}
+
+    def eval_logger(agent_completions_turns, test_cases, entry_points, prompts):
+        seen.update(shape=(len(agent_completions_turns), len(agent_completions_turns[0]),
+                           len(agent_completions_turns[0][0])), prompts=prompts)
+        return [len(a[0][0]) + len(b[0][0]) for a, b in zip(*[[[x] for x in c] for c in agent_completions_turns])]
+
+    def eval_aggregator(detailed, num_turns):
+        return {"turn_1/chars_mean": sum(detailed) / len(detailed), "note": "dropped"}
+
+    tr = MAGRPOTrainer(agent_model=str(tiny_model_dir), reward_func=length_ratio, train_dataset=_ds(),
+                       eval_logger=eval_logger, eval_aggregator=eval_aggregator,
+                       args=_small(MAGRPOConfig, eval_num_samples=3), data_dir=str(tmp_path))
+    m = tr.evaluate()
+    assert seen["shape"] == (2, 3, 1) and seen["prompts"] == PROMPTS[:3]  # [agent][item][turn]
+    assert m["eval/turn_1/chars_mean"] >= 0 and "eval/note" not in m
