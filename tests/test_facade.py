@@ -296,3 +296,46 @@ def test_eval_logger_and_aggregator_add_eval_metrics(tiny_model_dir, tmp_path):
     m = tr.evaluate()
     assert seen["shape"] == (2, 3, 1) and seen["prompts"] == PROMPTS[:3]  # [agent][item][turn]
     assert m["eval/turn_1/chars_mean"] >= 0 and "eval/note" not in m
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["iac", "maac", "madpo", "marlhf", "madpo-iter", "mareinforce"])
+def test_every_trainer_family_trains_and_saves_the_reference_layout(family, tiny_model_dir, tmp_path):
+    from coopflow import trainers as C
+    from stages.models import LIVE
+
+    src = str(tiny_model_dir)
+    common = dict(reward_func=length_ratio, train_dataset=_ds(), data_dir=str(tmp_path))
+    if family == "iac":
+        tr = C.IACTrainer(agent_model=src, args=_small(C.IACConfig, use_separate_critic=False, rollout_buffer_size=2),
+                          **common)
+        files = ["agent_0/value_head.pt", "agent_1/config.json"]
+    elif family == "maac":
+        tr = C.MAACTrainer(agent_model=src, critic_model=src, args=_small(C.MAACConfig, rollout_buffer_size=2),
+                           **common)
+        files = ["critic/value_head.pt", "agent_1/config.json"]
+    elif family == "madpo":
+        tr = C.MADPOTrainer(agent_model=src, args=_small(C.MADPOConfig, preference_num_candidates=4,
+                                                          preference_pairs_per_sample=2, train_batch_size=2), **common)
+        files = ["agent_0/config.json"]
+    elif family == "marlhf":
+        tr = C.MARLHFTrainer(agent_model=src, args=_small(C.MARLHFConfig, preference_num_candidates=4,
+                                                            preference_pairs_per_sample=2, rollout_buffer_size=2,
+                                                            reward_train_batch_size=4), **common)
+        files = ["agent_0/config.json"]
+    elif family == "madpo-iter":
+        tr = C.MADPOIterTrainer(agent_model=src, args=_small(C.MADPOIterConfig, num_iterations=2,
+                                                              preference_num_candidates=4, train_batch_size=4),
+                                **common)
+        files = ["agent_1/config.json"]
+    else:
+        tr = C.MAREINFORCETrainer(agent_model=src, args=_small(C.MAREINFORCEConfig), **common)
+        files = ["agent_0/config.json"]
+        assert tr.run_config().advantage_mode == "raw"
+    LIVE.clear()
+    out = tr.train(show_progress=False)
+    assert "eval/turn_1/reward_mean" in out["eval"] and out["mlflow_run_id"]
+    tr.save_model(str(tmp_path / "saved"))
+    for f in files:
+        assert (tmp_path / "saved" / f).is_file(), f
+    LIVE.clear()
