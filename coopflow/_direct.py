@@ -10,12 +10,11 @@ PREFERENCE = ("madpo", "marlhf")
 def run_tracked(cfg: RunConfig, tags: list[str] | dict | None = None, show_progress: bool = True) -> dict:
     """Train with the algorithm's stages; one MLflow run (params, metrics by env_step, eval); returns a summary."""
     from flows.train import _public
-    from flows.tracking import Tracker
+    from flows.tracking import Tracker, tracking_uri
 
-    data = cfg.resolved_data_dir()
-    store = ArtifactStore(data / "artifacts")
+    store = ArtifactStore(cfg.resolved_data_dir() / "artifacts")
     tr = cfg.tracking
-    tracker = Tracker(tr.tracking_uri or f"sqlite:///{data / 'mlflow.db'}", tr.experiment, tr.enabled)
+    tracker = Tracker(tracking_uri(cfg), tr.experiment, tr.enabled)
     run_tags = {"coopflow.algorithm": cfg.algorithm, "coopflow.entry": "python-api"}
     if isinstance(tags, dict):
         run_tags.update({str(k): str(v) for k, v in tags.items()})
@@ -49,7 +48,7 @@ def _run(cfg: RunConfig, store: ArtifactStore, show_progress: bool) -> dict:
         ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
         rounds = I.run_rounds(ctx)
         last = rounds[-1]
-        ev = {r["key"]: r["value"] for r in store.read_rows(last["metrics"]) if r["key"].startswith("eval/")}
+        ev = I.round_eval(store, last["metrics"])
         return {"algorithm": cfg.algorithm, "completed_rounds": len(rounds), "checkpoint":
                 str(store.open_dir(last["checkpoint"])), "eval": ev, "env_steps": len(rounds),
                 "_metrics_refs": [r["metrics"] for r in rounds]}

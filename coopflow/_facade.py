@@ -7,9 +7,9 @@ phrases, loads the agents (and critics / frozen references) so the public attrib
 - in-memory functions (reward, processor, formatters, transition, metrics callback) are registered
   under a fingerprint of their qualified name and source (`mem:<sha>`), so artifact keys change
   when the function does;
-- in-memory datasets are written once under `<data_dir>/datasets/<fingerprints>` (`save_to_disk`),
-  in-memory models under `<data_dir>/models/<weights sha>`; string sources are used as they are, so a
-  trainer and a flow with the same config and seed produce the same artifact keys;
+- in-memory datasets are stored once as a `dataset` artifact keyed by their fingerprints
+  (`save_to_disk`), in-memory models as a `model` artifact keyed by their weights; string sources are
+  used as they are, so a trainer and a flow with the same config and seed produce the same artifact keys;
 - `wandb_config` maps onto MLflow: `project` → experiment, `name` → run name, `tags` → run tags.
 
 After training the trained weights are copied into `trainer.agents` (as the reference trains its
@@ -21,7 +21,10 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from schemas.config import RUN_CONFIGS, RunConfig, validate_config
+import torch
+
+from artifacts import ArtifactStore, key_for
+from schemas.config import RunConfig, validate_config
 
 __all__ = ["FacadeTrainer", "callable_ref"]
 
@@ -54,7 +57,7 @@ def _weights_sha(model) -> str:
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes())
+        h.update(t.detach().cpu().contiguous().view(-1).view(dtype=torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -65,7 +68,6 @@ class FacadeTrainer:
 
     algorithm = "magrpo"
     config_class: type = None  # set by each public trainer class
-    actor_critic = False
 
     def __init__(self, agent_model: str | Any = None, agents: list | None = None, num_agents: int = 2,
                  tokenizer=None, model_config: dict | None = None, train_dataset=None, eval_dataset=None,
@@ -199,14 +201,13 @@ class FacadeTrainer:
         return validate_config({"data_dir": self.data_dir, "trainer": {"num_turns": 1}}).resolved_data_dir()
 
     def _snapshot(self, model, tok, root: Path) -> str:
-        """An in-memory model (+ tokenizer) as a directory named by its weights."""
-        d = root / "models" / _weights_sha(model)
-        if not (d / "config.json").is_file():
-            tmp = d.with_name(d.name + ".tmp")
-            model.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
-            tmp.rename(d)
-        return str(d)
+        """An in-memory model (+ tokenizer) as a `model` artifact keyed by its weights; returns its directory."""
+        def write(d: Path) -> None:
+            model.save_pretrained(d)
+            tok.save_pretrained(d)
+
+        store = ArtifactStore(root / "artifacts")
+        return str(store.open_dir(store.put_dir("model", key_for("model", {"weights": _weights_sha(model)}), write)))
 
     def _taskset(self, root: Path) -> dict:
         if self.train_dataset is None:
@@ -214,13 +215,16 @@ class FacadeTrainer:
         from datasets import DatasetDict
 
         ev = self.eval_dataset if self.eval_dataset is not None else self.train_dataset
-        fp = hashlib.sha256(f"{self.train_dataset._fingerprint}|{ev._fingerprint}".encode()).hexdigest()[:16]
-        d = root / "datasets" / fp
-        if not (d / "dataset_dict.json").is_file():
+
+        def write(d: Path) -> None:
             import datasets
 
             datasets.disable_progress_bars()
             DatasetDict({"train": self.train_dataset, "eval": ev}).save_to_disk(str(d))
+
+        store = ArtifactStore(root / "artifacts")
+        key = key_for("dataset", {"train": self.train_dataset._fingerprint, "eval": ev._fingerprint})
+        d = store.open_dir(store.put_dir("dataset", key, write))
         cols = self.train_dataset.column_names
         out = {"name": str(d), "split": "train", "eval_split": "eval"}
         if "prompt" not in cols:  # the default formatter's text; formatters usually build the real prompts
@@ -262,8 +266,9 @@ class FacadeTrainer:
         rr = getattr(self.reward_func, "reward_range", None)
         if rr is not None:
             data["reward"]["reward_range"] = list(rr)
-        if self._formatter_cfg() is not None:
-            data["formatters"] = self._formatter_cfg()
+        formatters = self._formatter_cfg()
+        if formatters is not None:
+            data["formatters"] = formatters
         if self.external_transition is not None and getattr(self.args, "num_turns", 1) > 1:
             data["transition"] = {"name": callable_ref(self.external_transition)}
         if self.metrics_callback is not None:

@@ -20,6 +20,11 @@ from typing import Any
 from artifacts import ArtifactRef
 
 
+def tracking_uri(cfg) -> str:
+    """A run config's MLflow URI: tracking.tracking_uri, else SQLite under its data dir."""
+    return cfg.tracking.tracking_uri or f"sqlite:///{cfg.resolved_data_dir() / 'mlflow.db'}"
+
+
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     """{'a': {'b': 1}} -> {'a.b': 1}."""
     out = {}

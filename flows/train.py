@@ -25,7 +25,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
 from artifacts import ArtifactError, ArtifactRef, ArtifactStore
-from flows.tracking import CurvePNG, Tracker
+from flows.tracking import CurvePNG, Tracker, tracking_uri
 from schemas.config import ConfigError, RunConfig, load_config
 from stages import train_online as T
 from stages.build_taskset import build_taskset
@@ -128,7 +128,7 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
     store.clean_temp()
     calls0 = dict(T.CALLS)
     tr = cfg.tracking
-    tracker = Tracker(tr.tracking_uri or f"sqlite:///{data / 'mlflow.db'}", tr.experiment, tr.enabled)
+    tracker = Tracker(tracking_uri(cfg), tr.experiment, tr.enabled)
 
     # --- plan (no model is loaded here)
     taskset = build_taskset_task(cfg, quote(store))
@@ -335,7 +335,7 @@ def run_preference(algorithm: str, config: dict | None, config_path: str | None,
     store.clean_temp()
     calls0 = dict(T.CALLS)
     tr = cfg.tracking
-    tracker = Tracker(tr.tracking_uri or f"sqlite:///{data / 'mlflow.db'}", tr.experiment, tr.enabled)
+    tracker = Tracker(tracking_uri(cfg), tr.experiment, tr.enabled)
     taskset = build_taskset_task(cfg, quote(store))
     ctx = P.preference_context(cfg, store, taskset)
     run_id = tracker.start(tr.run_name or f"{algorithm}-{P.pairs_key(ctx)[:8]}", {"coopflow.algorithm": algorithm},
@@ -481,7 +481,7 @@ def run_iterative(algorithm: str, config: dict | None, config_path: str | None,
     store = ArtifactStore(data / "artifacts")
     store.clean_temp()
     tr = cfg.tracking
-    uri = tr.tracking_uri or f"sqlite:///{data / 'mlflow.db'}"
+    uri = tracking_uri(cfg)
     parent = Tracker(uri, tr.experiment, tr.enabled)
     taskset = build_taskset_task(cfg, quote(store))
     ctx = T.make_context(cfg, store, taskset)
@@ -521,8 +521,7 @@ def run_iterative(algorithm: str, config: dict | None, config_path: str | None,
         last = store.find("checkpoint", keys[summary["completed_rounds"] - 1]) if summary["completed_rounds"] else None
         if last is not None:
             summary["checkpoint"] = str(store.open_dir(last))
-            summary["eval"] = {r["key"]: r["value"] for r in store.read_rows(store.find("metrics", last.key))
-                               if r["key"].startswith("eval/")}
+            summary["eval"] = I.round_eval(store, store.find("metrics", last.key))
         ok = True
         return summary
     finally:

@@ -70,8 +70,8 @@ TABLES: dict[str, pa.Schema] = {
     ]),
 }
 
-DIR_KINDS = ("checkpoint", "model", "critic", "reward_model", "drift")
-"""Artifact kinds stored as directories (HF save_pretrained dirs plus a manifest), not tables."""
+DIR_KINDS = ("checkpoint", "model", "critic", "reward_model", "drift", "dataset")
+"""Artifact kinds stored as directories (HF save_pretrained / datasets save_to_disk dirs plus a manifest), not tables."""
 
 
 def schema_for(kind: str) -> pa.Schema:

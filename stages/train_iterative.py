@@ -315,6 +315,11 @@ def _rlhf_phase(ctx: T.RunContext, r: int, keys: list[str], prev: ArtifactRef | 
     return T.acquire_policies(rctx, ckpt, k), {k2: v for k2, v in m.items() if v is not None}, refs
 
 
+def round_eval(store, metrics: ArtifactRef) -> dict[str, float]:
+    """The task-reward evaluation (`eval/...`) stored in a round's metrics table."""
+    return {r["key"]: r["value"] for r in store.read_rows(metrics) if r["key"].startswith("eval/")}
+
+
 def _group(rows: list[dict]) -> list[dict]:
     """Pair rows (one per agent) -> one record per pair: {agent: row}."""
     out: dict[int, dict[int, dict]] = {}

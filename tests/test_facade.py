@@ -285,7 +285,7 @@ def test_eval_logger_and_aggregator_add_eval_metrics(tiny_model_dir, tmp_path):
     def eval_logger(agent_completions_turns, test_cases, entry_points, prompts):
         seen.update(shape=(len(agent_completions_turns), len(agent_completions_turns[0]),
                            len(agent_completions_turns[0][0])), prompts=prompts)
-        return [len(a[0][0]) + len(b[0][0]) for a, b in zip(*[[[x] for x in c] for c in agent_completions_turns])]
+        return [len(a[0]) + len(b[0]) for a, b in zip(*agent_completions_turns)]  # turn-1 chars per item
 
     def eval_aggregator(detailed, num_turns):
         return {"turn_1/chars_mean": sum(detailed) / len(detailed), "note": "dropped"}

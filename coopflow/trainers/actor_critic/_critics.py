@@ -8,8 +8,6 @@ from coopflow._facade import FacadeTrainer, _is_model
 class CriticTrainer(FacadeTrainer):
     """A trainer whose run has a `critic` section; `critic_count` is N (IAC separate) or 1 (MAAC)."""
 
-    actor_critic = True
-
     def _critic_count(self, n: int) -> int:
         raise NotImplementedError
 
