@@ -207,8 +207,9 @@ class MAGRPOConfig(_Strict):
     reference_devices: str | list[str] | None = Field(
         None, description="Devices of the reference models (one, or one per agent); null = the agents' devices.")
     loss_on_padding: bool = Field(
-        False, description="Reference quirk, opt-in: pad each completion to its node's longest with pad tokens and "
-                           "keep them in the loss, as CoMLRL 1.4.3 does (off: pads never enter the loss).")
+        False, description="Reference quirks, opt-in: pad each completion to its node's longest with pad tokens, "
+                           "keep them in the loss and skip each row's last token, as CoMLRL 1.4.3 does (off: "
+                           "every completion token up to EOS is scored, pads never are).")
 
     @field_validator("parallel_training")
     @classmethod

@@ -37,8 +37,10 @@ def _node_samples(rollouts: list[dict], adv: dict[tuple, float], agent: int) -> 
 def policy_loss(model, samples: list[list[dict]], pad_id: int, pad_tail: bool = False) -> tuple[torch.Tensor, int]:
     """Minibatch loss (one forward over every completion of every node sample) and its token count.
 
-    `pad_tail` (the reference's quirk, opt-in): each completion is padded with pad tokens to the longest
-    completion of its node, as CoMLRL's per-node `generate` returns it, and those pads enter the loss.
+    `pad_tail` (the reference's quirks, opt-in): each completion is padded with pad tokens to the longest
+    completion of its node, as CoMLRL's per-node `generate` returns it, and those pads enter the loss;
+    the last token of every padded row is not scored (CoMLRL's logits slice `[P-1:-1]` of a forward over
+    `prompt ‖ row[:-1]` holds one logit fewer than the row has tokens).
     """
     prompts, comps, adv, weight = [], [], [], []
     for node in samples:
@@ -46,7 +48,7 @@ def policy_loss(model, samples: list[list[dict]], pad_id: int, pad_tail: bool = 
         for c in node:
             prompts.append(c["prompt_ids"])
             ids = list(c["completion_ids"])
-            comps.append(ids + [pad_id] * (longest - len(ids)) if pad_tail else ids)
+            comps.append((ids + [pad_id] * (longest - len(ids)))[:-1] if pad_tail else ids)
             adv.append(c["advantage"])
             weight.append(1.0 / (len(samples) * len(node)))
     device = next(model.parameters()).device

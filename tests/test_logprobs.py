@@ -150,17 +150,45 @@ def test_trim_completion():
     assert trim_completion([4, 5], None) == ([4, 5], False)
 
 
-def test_loss_on_padding_quirk_pads_to_the_node_longest_and_scores_the_pads(tiny):
+def _reference_node_loss(model, node, pad):
+    """CoMLRL 1.4.3's per-completion loss, written out literally (spec §2.1.6): rows padded to the node's
+    longest, one forward per row on prompt ‖ row[:-1], logits[P-1:-1], mean of -logp·A over scored rows."""
+    longest = max(len(c["completion_ids"]) for c in node)
+    total, n = torch.tensor(0.0), 0
+    for c in node:
+        row = torch.tensor(c["completion_ids"] + [pad] * (longest - len(c["completion_ids"])))
+        prompt = torch.tensor(c["prompt_ids"])
+        inp = torch.cat([prompt, row[:-1]])
+        logits = model(input_ids=inp[None], attention_mask=torch.ones(1, len(inp)), use_cache=False).logits
+        logits = logits[0, len(prompt) - 1:-1]
+        lps = [torch.log_softmax(logits[i], -1)[t] for i, t in enumerate(row) if i < logits.shape[0]]
+        if lps:
+            total = total - torch.stack(lps).sum() * c["advantage"]
+            n += 1
+    return total / max(n, 1)
+
+
+def test_loss_on_padding_quirk_equals_the_reference_loss_and_gradient(tiny):
+    """pad_tail: pads to the node's longest enter the loss, the last token of each padded row does not."""
     from stages.update_policies import policy_loss
 
     model, tok = tiny[0], tiny[1]
     pad = tok.pad_token_id
-    node = [{"prompt_ids": [5, 6, 7], "completion_ids": [8, 9, 10, 11], "advantage": 1.0},
-            {"prompt_ids": [5, 6, 7], "completion_ids": [12, 13], "advantage": -1.0}]
-    padded = [dict(node[0]), {**node[1], "completion_ids": [12, 13, pad, pad]}]
-    with torch.no_grad():
-        quirk, ntok = policy_loss(model, [node], pad, pad_tail=True)
-        manual, _ = policy_loss(model, [padded], pad)
-        plain, ntok_plain = policy_loss(model, [node], pad)
-    assert quirk.item() == pytest.approx(manual.item(), abs=1e-6) and ntok == 8 and ntok_plain == 6
-    assert quirk.item() != pytest.approx(plain.item(), abs=1e-6)
+    nodes = [[{"prompt_ids": [5, 6, 7], "completion_ids": [8, 9, 10, 11], "advantage": 1.0},
+              {"prompt_ids": [5, 6, 7], "completion_ids": [12, 13], "advantage": -1.0}],
+             [{"prompt_ids": [20, 21], "completion_ids": [30, 31, 32], "advantage": 0.5},
+              {"prompt_ids": [20, 21], "completion_ids": [33], "advantage": -0.5}]]
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def grads(loss):
+        g = torch.autograd.grad(loss, params, allow_unused=True)
+        return [torch.zeros_like(p) if x is None else x for x, p in zip(g, params)]
+
+    quirk, ntok = policy_loss(model, nodes, pad, pad_tail=True)
+    ref = sum(_reference_node_loss(model, node, pad) for node in nodes) / len(nodes)
+    assert quirk.item() == pytest.approx(ref.item(), rel=1e-5, abs=1e-6)
+    assert ntok == 2 * 3 + 2 * 2  # rows of 4 and 3 tokens, each without its last
+    for a, b in zip(grads(quirk), grads(ref)):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+    plain, ntok_plain = policy_loss(model, nodes, pad)
+    assert ntok_plain == 10 and quirk.item() != pytest.approx(plain.item(), abs=1e-6)
