@@ -29,6 +29,8 @@ def configure(explicit: str | None = None) -> Path:
         # Record task runs in batches: cuts the server's CPU per task run ~3x (orchestration notes §1.12).
         "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "100",
         "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",
+        # `coopflow serve` checks for triggered runs every 2 s (Prefect's default 10 s delays every start).
+        "PREFECT_RUNNER_POLL_FREQUENCY": "2",
         "PREFECT_LOGGING_EXTRA_LOGGERS": "stages,artifacts",
         "DO_NOT_TRACK": "1",
         "MLFLOW_TRACKING_URI": f"sqlite:///{d / 'mlflow.db'}",
