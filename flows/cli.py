@@ -85,8 +85,20 @@ def _load(args, algorithm: str | None):
         raise SystemExit(2) from None
 
 
+def _check_model_dirs(cfg) -> None:
+    """A local model directory that does not exist fails here, before a Prefect server starts."""
+    from schemas.config import is_local_model_path
+
+    for field, src in cfg.model_sources():
+        if is_local_model_path(src) and not Path(src).expanduser().is_dir():
+            print(f"coopflow: {field}: model directory {src!r} does not exist (a source is 'tiny', an existing "
+                  "local directory or a Hugging Face model id like 'org/name')", file=sys.stderr)
+            raise SystemExit(2)
+
+
 def _validate(args) -> int:
     cfg = _load(args, args.algorithm)
+    _check_model_dirs(cfg)
     print(json.dumps(cfg.model_dump(mode="json"), indent=1))
     print("config OK", file=sys.stderr)
     return 0
@@ -176,6 +188,7 @@ def _tiny(args) -> int:
 def _run(args) -> int:
     algorithm = args.flow.removeprefix("train-")
     cfg = _load(args, algorithm)  # fails fast, before Prefect or any model loads
+    _check_model_dirs(cfg)
     from flows.env import configure
 
     configure(cfg.data_dir)

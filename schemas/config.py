@@ -28,6 +28,11 @@ ALGORITHM_ADVANTAGE = {"magrpo": "mean", "mareinforce": "raw", "marloo": "rloo",
 JOINT_MODE_ALIASES = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
 
 
+def is_local_model_path(src: str) -> bool:
+    """A model source that can only be a local directory ('./x', '/x', '~/x', 'a/b/c'; not 'tiny' or 'org/name')."""
+    return src.startswith((".", "/", "~")) or src.count("/") > 1
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -438,6 +443,20 @@ class RunConfig(_Strict):
         if isinstance(self.formatters, list):
             return self.formatters[agent]
         return self.formatters
+
+    def model_sources(self) -> list[tuple[str, str]]:
+        """Every model source the run loads, as (config field, source)."""
+        a = self.agents
+        out = [("agents.agents", s) for s in a.agents] if a.agents else [("agents.agent_model", a.agent_model or "")]
+        critic = getattr(self, "critic", None)
+        if critic is not None:
+            out += [("critic.critics", s) for s in critic.critics or []]
+            out += [("critic.critic_model", critic.critic_model)] if critic.critic_model else []
+        for name in ("reward_model_name", "comparator_model_name"):
+            if getattr(self.trainer, name, None):
+                out.append((f"trainer.{name}", getattr(self.trainer, name)))
+        out += [("trainer.comparator_agents", s) for s in getattr(self.trainer, "comparator_agents", None) or []]
+        return out
 
     def resolved_data_dir(self) -> Path:
         """Where artifacts, MLflow and Prefect state live."""

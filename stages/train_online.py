@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from artifacts import ArtifactError, ArtifactRef, ArtifactStore, key_for
-from schemas.config import RunConfig
+from schemas.config import RunConfig, is_local_model_path
 from stages import budget
 from stages.build_taskset import items_digest, load_items
 from stages.compute_advantages import compute_advantages
@@ -178,7 +178,7 @@ def resolve_model_sources(sources: list[str], cfg: RunConfig, store: ArtifactSto
             files = sorted((f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in p.iterdir() if f.is_file())
             paths.append(str(p))
             ident.append({"dir": str(p), "files": files})
-        elif src.startswith((".", "/", "~")) or src.count("/") > 1:
+        elif is_local_model_path(src):
             raise FileNotFoundError(f"{what}: model directory {src!r} does not exist (a source is 'tiny', an "
                                     "existing local directory or a Hugging Face model id like 'org/name')")
         else:

@@ -29,6 +29,17 @@ def test_cli_rejects_unknown_field_and_missing_file():
     assert r.returncode == 2 and "config file not found" in r.stderr
 
 
+def test_missing_local_model_dirs_are_refused_naming_the_field(tmp_path):
+    r = _cli("validate", "--config", "configs/magrpo-story.yaml", "--set", f"agents.agents=[tiny, {tmp_path}/gone]",
+             "--set", "agents.agent_model=null")
+    assert r.returncode == 2 and f"agents.agents: model directory '{tmp_path}/gone' does not exist" in r.stderr
+    r = _cli("validate", "--config", "configs/iac-story.yaml", "--algorithm", "iac",
+             "--set", "critic.critic_model=./no-critic-here")
+    assert r.returncode == 2 and "critic.critic_model: model directory './no-critic-here'" in r.stderr
+    r = _cli("validate", "--config", "configs/magrpo-story.yaml", "--set", "agents.agent_model=Qwen/Qwen2-0.5B")
+    assert r.returncode == 0, r.stderr  # a hub id is not a local path: checked when it loads
+
+
 def test_shipped_config_validates():
     r = _cli("validate", "--config", "configs/magrpo-story.yaml", "--algorithm", "magrpo")
     assert r.returncode == 0, r.stderr

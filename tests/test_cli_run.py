@@ -38,4 +38,5 @@ def test_cli_run_with_overrides_writes_summary(tmp_path):
 def test_cli_run_missing_model_dir_is_a_clear_error(tmp_path):
     r = _run(tmp_path, "--set", "agents.agent_model=/nonexistent/model")
     assert r.returncode == 2
-    assert "model directory '/nonexistent/model' does not exist" in r.stderr
+    assert "agents.agent_model: model directory '/nonexistent/model' does not exist" in r.stderr
+    assert not (tmp_path / "home").exists()  # refused before the data dir, Prefect or MLflow were touched
