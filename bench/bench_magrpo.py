@@ -68,8 +68,9 @@ MT_INSTRUCTION = "Revise: agent 2 must write 2-3 times more than agent 1."
 
 
 MODES = {"seq": {}, "mp": {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]},
-         "mp_padloss": {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"], "loss_on_padding": True}}
-"""coopflow variants: agents in the main process, or one persistent worker process per agent."""
+         "mp_masked": {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"], "loss_on_padding": False}}
+"""coopflow variants: agents in the main process, or one persistent worker process per agent (mp_masked: that with
+the masked loss, trainer.loss_on_padding=false, instead of the reference's exact loss)."""
 
 
 def shared_common():
@@ -431,7 +432,7 @@ def print_table(results: dict) -> None:
             label += f" {w['turns']} turns"
         if w.get("algo"):
             label = f"{name}: {w['model']} K={w['K']} {w['tokens']}tok rbs{w['rbs']} {w['items']}x{w['epochs']}"
-        for tag in [k for k in ("coopflow", "coopflow_mp", "coopflow_mp_padloss") if k in r]:
+        for tag in [k for k in ("coopflow", "coopflow_mp", "coopflow_mp_masked") if k in r]:
             c = (r.get(tag) or {}).get("result") or {}
             ps, cs = p.get("env_steps_per_s"), c.get("env_steps_per_s")
             rows.append((label, "seq" if tag == "coopflow" else tag.removeprefix("coopflow_"), f(ps), f(cs),

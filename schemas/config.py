@@ -212,9 +212,9 @@ class MAGRPOConfig(_Strict):
     reference_devices: str | list[str] | None = Field(
         None, description="Devices of the reference models (one, or one per agent); null = the agents' devices.")
     loss_on_padding: bool = Field(
-        False, description="Reference quirks, opt-in: pad each completion to its node's longest with pad tokens, "
-                           "keep them in the loss and skip each row's last token, as CoMLRL 1.4.3 does (off: "
-                           "every completion token up to EOS is scored, pads never are).")
+        True, description="The reference's exact loss: each completion padded to its node's longest with pad tokens, "
+                          "pads scored, each padded row's last token not (CoMLRL 1.4.3); false: every completion "
+                          "token up to EOS is scored and pads never are.")
 
     @field_validator("parallel_training")
     @classmethod

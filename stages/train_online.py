@@ -316,8 +316,8 @@ def update_keys(ctx: RunContext, policy_key: str, u: Update) -> UpdateKeys:
         adv["discount"] = t.discount
     ak = key_for("advantages", adv)
     spec = {"prev": policy_key, "advantages": ak, "lr": t.agent_learning_rate, "batch": t.batch_size, "seed": cfg.seed}
-    if t.loss_on_padding:
-        spec["loss_on_padding"] = True
+    if t.loss_on_padding:  # the reference's exact loss (pads scored, each row's last token not)
+        spec["loss"] = "comlrl-1.4.3"
     return UpdateKeys(rk, ak, key_for("policy", spec))
 
 

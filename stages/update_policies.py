@@ -8,7 +8,8 @@ completions gives the summed completion log-probs, and
     loss = (1/|mb|) Σ_samples (1/K) Σ_k −log π(c_k | prompt) · A_k
 
 then zero_grad → backward → AdamW step. No ratio, clipping or entropy bonus (the reference's
-REINFORCE-style update). A non-finite loss raises instead of being skipped.
+REINFORCE-style update). A non-finite loss raises instead of being skipped. By default
+(`loss_on_padding`) the completion tokens are CoMLRL's: the node's padded rows minus their last token.
 """
 
 import random
