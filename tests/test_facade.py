@@ -264,7 +264,8 @@ def test_facade_train_moves_the_length_ratio_reward(tmp_path):
 
     topics = ["a robot", "the ocean", "a dragon", "a city", "the moon", "a little fox", "a tree", "the rain"]
     ds = Dataset.from_dict({"prompt": [f"write a story about {t}" for t in topics]})
-    args = MAGRPOConfig(num_turns=1, num_train_epochs=2, agent_learning_rate=1e-3, num_generations=4,
+    # 3 epochs: with 2 the rise over the last fifth is +0.10 … +0.42 across seeds 0-5, with 3 it is +0.23 … +0.50.
+    args = MAGRPOConfig(num_turns=1, num_train_epochs=3, agent_learning_rate=1e-3, num_generations=4,
                         max_new_tokens=32, temperature=1.0, top_p=1.0, top_k=50, rollout_buffer_size=1,
                         eval_interval=0, eval_num_samples=8)
     tr = MAGRPOTrainer(agent_model="tiny", num_agents=2, reward_func=length_ratio, train_dataset=ds, args=args,
