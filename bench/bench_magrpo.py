@@ -408,6 +408,22 @@ def _mean(xs: list) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def print_repeats(results: dict) -> None:
+    """Median env_steps/s per side and the median per-repeat ratio, for workloads measured more than once."""
+    for name, r in results["workloads"].items():
+        reps = r.get("repeats") or {}
+        peer = reps.get("peer") or []
+        for mode, rates in reps.items():
+            if mode == "peer" or len(rates) < 2:
+                continue
+            ratios = [c / p for c, p in zip(rates, peer)]
+            line = f"{name} {mode}: {len(rates)} repeats, coopflow median {statistics.median(rates):.2f} env_steps/s"
+            if ratios:
+                line += (f", peer median {statistics.median(peer):.2f}, ratio median {statistics.median(ratios):.2f}x "
+                         f"(per repeat {min(ratios):.2f}-{max(ratios):.2f}x)")
+            print(line)
+
+
 def print_seed_table(results: dict) -> None:
     rows = [("workload", "side", "seeds", "reward first", "reward last", "env_steps/s", "eval reward")]
     for name, r in results["workloads"].items():
@@ -494,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
                          "updates is very seed dependent)")
     ap.add_argument("--modes", nargs="+", default=["seq", "mp"], choices=sorted(MODES),
                     help="coopflow variants: seq (agents in one process), mp (one worker process per agent)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="measure each workload's speed N times, peer and modes interleaved; prints median rates and "
+                         "the median of the per-repeat ratios (the machine's speed drifts by 10-30 %% between runs)")
     ap.add_argument("--flow-repeats", type=int, default=1,
                     help="timed (flow, direct) pairs after the warm-up flow; the overhead reported is the median")
     ap.add_argument("--quiet-wait", type=float, default=240,
@@ -521,35 +540,48 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_s)
         for name in args.workloads:
             w = WORKLOADS[name]
-            rec: dict = {"spec": w}
+            rec: dict = {"spec": w, "repeats": {"peer": [], **{m: [] for m in args.modes}}}
             results["workloads"][name] = rec
-            if peer_py:
-                rec["peer_quiet"] = wait_quiet(args.quiet_wait)
-                log(f"workload {name}: peer (CoMLRL 1.4.3)")
-                r = run_peer(peer_py, w, args.timeout)
-                rec["peer"] = _strip(r)
-                if r["result"] is None:
-                    failures += 1
-                    log(f"peer failed rc={r['rc']}:\n{_tail(r)}")
-                else:
-                    log(f"peer: {r['result']['env_steps_per_s']:.2f} env_steps/s, others busy "
-                        f"{r['meter']['others_busy_cores']}")
             taskset = write_taskset(tmp / f"prompts-{name}.jsonl", w["items"])
-            for mode in args.modes:
-                over = MODES[mode]
-                cfg = coopflow_config(w, taskset, tmp / f"data-{name}-{mode}", **over)
-                tag = "coopflow" if mode == "seq" else f"coopflow_{mode}"
-                rec[f"{tag}_config"] = cfg
-                rec[f"{tag}_quiet"] = wait_quiet(args.quiet_wait)
-                log(f"workload {name}: coopflow run_direct ({mode})")
-                r = run_child("direct", {"config": cfg}, tmp, args.timeout)
-                rec[tag] = _strip(r)
-                if r["result"] is None:
-                    failures += 1
-                    log(f"coopflow ({mode}) failed rc={r['rc']}:\n{_tail(r)}")
-                else:
-                    log(f"coopflow ({mode}): {r['result']['env_steps_per_s']:.2f} env_steps/s, others busy "
-                        f"{r['meter']['others_busy_cores']}")
+            for rep in range(args.repeats):
+                # Repeats interleave the sides (peer, then each mode) so that a drift of the machine's speed
+                # hits all of them alike; the first repeat's full records are kept, every rate in 'repeats'.
+                first = rep == 0
+                if peer_py:
+                    if first:
+                        rec["peer_quiet"] = wait_quiet(args.quiet_wait)
+                    else:
+                        wait_quiet(args.quiet_wait)
+                    log(f"workload {name}: peer (CoMLRL 1.4.3)" + (f", repeat {rep + 1}" if rep else ""))
+                    r = run_peer(peer_py, w, args.timeout)
+                    if first:
+                        rec["peer"] = _strip(r)
+                    if r["result"] is None:
+                        failures += 1
+                        log(f"peer failed rc={r['rc']}:\n{_tail(r)}")
+                    else:
+                        rec["repeats"]["peer"].append(r["result"]["env_steps_per_s"])
+                        log(f"peer: {r['result']['env_steps_per_s']:.2f} env_steps/s, others busy "
+                            f"{r['meter']['others_busy_cores']}")
+                for mode in args.modes:
+                    over = MODES[mode]
+                    cfg = coopflow_config(w, taskset, tmp / f"data-{name}-{mode}-{rep}", **over)
+                    tag = "coopflow" if mode == "seq" else f"coopflow_{mode}"
+                    quiet = wait_quiet(args.quiet_wait)
+                    if first:
+                        rec[f"{tag}_config"] = cfg
+                        rec[f"{tag}_quiet"] = quiet
+                    log(f"workload {name}: coopflow run_direct ({mode})" + (f", repeat {rep + 1}" if rep else ""))
+                    r = run_child("direct", {"config": cfg}, tmp, args.timeout)
+                    if first:
+                        rec[tag] = _strip(r)
+                    if r["result"] is None:
+                        failures += 1
+                        log(f"coopflow ({mode}) failed rc={r['rc']}:\n{_tail(r)}")
+                    else:
+                        rec["repeats"][mode].append(r["result"]["env_steps_per_s"])
+                        log(f"coopflow ({mode}): {r['result']['env_steps_per_s']:.2f} env_steps/s, others busy "
+                            f"{r['meter']['others_busy_cores']}")
 
         if args.seeds > 1:
             # Rewards after a few updates depend a lot on the sampling seed: compare means over seeds.
@@ -627,6 +659,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1, default=str))
     print_table(results)
+    print_repeats(results)
     print_seed_table(results)
     print(f"raw results: {out}")
     return 1 if failures else 0
