@@ -413,14 +413,16 @@ def print_repeats(results: dict) -> None:
     for name, r in results["workloads"].items():
         reps = r.get("repeats") or {}
         peer = reps.get("peer") or []
-        for mode, rates in reps.items():
+        for mode, all_rates in reps.items():
+            rates = [c for c in all_rates if c is not None]  # failed repeats are None
             if mode == "peer" or len(rates) < 2:
                 continue
-            ratios = [c / p for c, p in zip(rates, peer)]
+            ratios = [c / p for c, p in zip(all_rates, peer) if c is not None and p is not None]
             line = f"{name} {mode}: {len(rates)} repeats, coopflow median {statistics.median(rates):.2f} env_steps/s"
             if ratios:
-                line += (f", peer median {statistics.median(peer):.2f}, ratio median {statistics.median(ratios):.2f}x "
-                         f"(per repeat {min(ratios):.2f}-{max(ratios):.2f}x)")
+                ok_peer = [p for p in peer if p is not None]
+                line += (f", peer median {statistics.median(ok_peer):.2f}, ratio median "
+                         f"{statistics.median(ratios):.2f}x (per repeat {min(ratios):.2f}-{max(ratios):.2f}x)")
             print(line)
 
 
@@ -548,19 +550,18 @@ def main(argv: list[str] | None = None) -> int:
                 # hits all of them alike; the first repeat's full records are kept, every rate in 'repeats'.
                 first = rep == 0
                 if peer_py:
+                    quiet = wait_quiet(args.quiet_wait)
                     if first:
-                        rec["peer_quiet"] = wait_quiet(args.quiet_wait)
-                    else:
-                        wait_quiet(args.quiet_wait)
+                        rec["peer_quiet"] = quiet
                     log(f"workload {name}: peer (CoMLRL 1.4.3)" + (f", repeat {rep + 1}" if rep else ""))
                     r = run_peer(peer_py, w, args.timeout)
                     if first:
                         rec["peer"] = _strip(r)
+                    rec["repeats"]["peer"].append((r["result"] or {}).get("env_steps_per_s"))  # None: failed
                     if r["result"] is None:
                         failures += 1
                         log(f"peer failed rc={r['rc']}:\n{_tail(r)}")
                     else:
-                        rec["repeats"]["peer"].append(r["result"]["env_steps_per_s"])
                         log(f"peer: {r['result']['env_steps_per_s']:.2f} env_steps/s, others busy "
                             f"{r['meter']['others_busy_cores']}")
                 for mode in args.modes:
@@ -575,11 +576,11 @@ def main(argv: list[str] | None = None) -> int:
                     r = run_child("direct", {"config": cfg}, tmp, args.timeout)
                     if first:
                         rec[tag] = _strip(r)
+                    rec["repeats"][mode].append((r["result"] or {}).get("env_steps_per_s"))  # None: failed
                     if r["result"] is None:
                         failures += 1
                         log(f"coopflow ({mode}) failed rc={r['rc']}:\n{_tail(r)}")
                     else:
-                        rec["repeats"][mode].append(r["result"]["env_steps_per_s"])
                         log(f"coopflow ({mode}): {r['result']['env_steps_per_s']:.2f} env_steps/s, others busy "
                             f"{r['meter']['others_busy_cores']}")
 

@@ -87,12 +87,11 @@ def _load(args, algorithm: str | None):
 
 def _check_model_dirs(cfg) -> None:
     """A local model directory that does not exist fails here, before a Prefect server starts."""
-    from schemas.config import is_local_model_path
+    from schemas.config import is_local_model_path, missing_model_dir_message
 
     for field, src in cfg.model_sources():
         if is_local_model_path(src) and not Path(src).expanduser().is_dir():
-            print(f"coopflow: {field}: model directory {src!r} does not exist (a source is 'tiny', an existing "
-                  "local directory or a Hugging Face model id like 'org/name')", file=sys.stderr)
+            print(f"coopflow: {missing_model_dir_message(field, src)}", file=sys.stderr)
             raise SystemExit(2)
 
 

@@ -33,6 +33,12 @@ def is_local_model_path(src: str) -> bool:
     return src.startswith((".", "/", "~")) or src.count("/") > 1
 
 
+def missing_model_dir_message(what: str, src: str) -> str:
+    """The error for a local model source whose directory does not exist (`what`: the config field)."""
+    return (f"{what}: model directory {src!r} does not exist (a source is 'tiny', an existing local directory or a "
+            "Hugging Face model id like 'org/name')")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

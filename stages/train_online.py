@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from artifacts import ArtifactError, ArtifactRef, ArtifactStore, key_for
-from schemas.config import RunConfig, is_local_model_path
+from schemas.config import RunConfig, is_local_model_path, missing_model_dir_message
 from stages import budget
 from stages.build_taskset import items_digest, load_items
 from stages.compute_advantages import compute_advantages
@@ -179,8 +179,7 @@ def resolve_model_sources(sources: list[str], cfg: RunConfig, store: ArtifactSto
             paths.append(str(p))
             ident.append({"dir": str(p), "files": files})
         elif is_local_model_path(src):
-            raise FileNotFoundError(f"{what}: model directory {src!r} does not exist (a source is 'tiny', an "
-                                    "existing local directory or a Hugging Face model id like 'org/name')")
+            raise FileNotFoundError(missing_model_dir_message(what, src))
         else:
             paths.append(src)
             ident.append({"hub": src})
