@@ -10,11 +10,11 @@ PREFERENCE = ("madpo", "marlhf")
 def run_tracked(cfg: RunConfig, tags: list[str] | dict | None = None, show_progress: bool = True) -> dict:
     """Train with the algorithm's stages; one MLflow run (params, metrics by env_step, eval); returns a summary."""
     from flows.train import _public
-    from flows.tracking import Tracker, tracking_uri
+    from flows.tracking import tracker_for
 
     store = ArtifactStore(cfg.resolved_data_dir() / "artifacts")
     tr = cfg.tracking
-    tracker = Tracker(tracking_uri(cfg), tr.experiment, tr.enabled)
+    tracker = tracker_for(cfg)
     run_tags = {"coopflow.algorithm": cfg.algorithm, "coopflow.entry": "python-api"}
     if isinstance(tags, dict):
         run_tags.update({str(k): str(v) for k, v in tags.items()})

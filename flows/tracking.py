@@ -11,6 +11,8 @@ What a run holds:
 """
 
 import json
+import os
+import re
 import tempfile
 import threading
 import time
@@ -18,11 +20,55 @@ from pathlib import Path
 from typing import Any
 
 from artifacts import ArtifactRef
+from artifacts.templates import create_from_template
 
 
 def tracking_uri(cfg) -> str:
     """A run config's MLflow URI: tracking.tracking_uri, else SQLite under its data dir."""
     return cfg.tracking.tracking_uri or f"sqlite:///{cfg.resolved_data_dir() / 'mlflow.db'}"
+
+
+def tracker_for(cfg) -> "Tracker":
+    """The run config's tracker. With the default store (SQLite under the data dir) a new experiment keeps its run
+    artifacts in <data_dir>/mlartifacts/<experiment> (MLflow's own default is ./mlruns in the working directory),
+    and a new DB starts as a copy of a migrated empty one (see `_prepare_sqlite`)."""
+    tr = cfg.tracking
+    if tr.tracking_uri or not tr.enabled:
+        return Tracker(tracking_uri(cfg), tr.experiment, tr.enabled)
+    data = cfg.resolved_data_dir()
+    _prepare_sqlite(data / "mlflow.db", data)
+    return Tracker(tracking_uri(cfg), tr.experiment, True, artifact_location=_artifact_dir(data, tr.experiment))
+
+
+def _artifact_dir(data: Path, experiment: str) -> str:
+    """<data_dir>/mlartifacts/<experiment name, made path-safe>, as a file URI."""
+    return (data / "mlartifacts" / (re.sub(r"[^A-Za-z0-9._-]", "_", experiment) or "_")).as_uri()
+
+
+def _empty_db(path: Path) -> None:
+    """Create a migrated, empty MLflow SQLite DB at `path`."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    SqlAlchemyStore(f"sqlite:///{path}", path.parent.as_uri()).engine.dispose()
+
+
+def _prepare_sqlite(db: Path, data: Path) -> None:
+    """Start a new tracking DB as a copy of a migrated empty one: MLflow's schema migrations cost ~3 s per new DB.
+    The template is cached per MLflow version in $COOPFLOW_CACHE (default <data_dir>/cache). The copy's
+    'Default' experiment points its artifacts at <data_dir>/mlartifacts/Default."""
+    if db.exists():
+        return
+    import sqlite3
+
+    import mlflow
+
+    cache = Path(os.environ.get("COOPFLOW_CACHE") or data / "cache")
+    if create_from_template(db, cache / f"mlflow-{mlflow.__version__}-empty.db", _empty_db):
+        con = sqlite3.connect(db)
+        with con:
+            con.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                        (_artifact_dir(data, "Default"),))
+        con.close()
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -40,7 +86,8 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 class Tracker:
     """A thin MLflow client wrapper; a disabled tracker accepts every call and does nothing."""
 
-    def __init__(self, tracking_uri: str | None, experiment: str, enabled: bool = True):
+    def __init__(self, tracking_uri: str | None, experiment: str, enabled: bool = True,
+                 artifact_location: str | None = None):
         self.enabled = enabled
         self.run_id: str | None = None
         self.lineage: list[dict] = []
@@ -52,7 +99,8 @@ class Tracker:
 
         self.client = MlflowClient(tracking_uri=tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        self.experiment_id = (exp.experiment_id if exp
+                              else self.client.create_experiment(experiment, artifact_location=artifact_location))
 
     def start(self, run_name: str, tags: dict[str, str], params: dict[str, Any], run_id: str | None = None) -> str | None:
         """Create (or reopen) the run and log the params."""

@@ -25,7 +25,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
 from artifacts import ArtifactError, ArtifactRef, ArtifactStore
-from flows.tracking import CurvePNG, Tracker, tracking_uri
+from flows.tracking import CurvePNG, Tracker, tracker_for
 from schemas.config import ConfigError, RunConfig, load_config
 from stages import train_online as T
 from stages.build_taskset import build_taskset
@@ -128,7 +128,7 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
     store.clean_temp()
     calls0 = dict(T.CALLS)
     tr = cfg.tracking
-    tracker = Tracker(tracking_uri(cfg), tr.experiment, tr.enabled)
+    tracker = tracker_for(cfg)
 
     # --- plan (no model is loaded here)
     taskset = build_taskset_task(cfg, quote(store))
@@ -335,7 +335,7 @@ def run_preference(algorithm: str, config: dict | None, config_path: str | None,
     store.clean_temp()
     calls0 = dict(T.CALLS)
     tr = cfg.tracking
-    tracker = Tracker(tracking_uri(cfg), tr.experiment, tr.enabled)
+    tracker = tracker_for(cfg)
     taskset = build_taskset_task(cfg, quote(store))
     ctx = P.preference_context(cfg, store, taskset)
     run_id = tracker.start(tr.run_name or f"{algorithm}-{P.pairs_key(ctx)[:8]}", {"coopflow.algorithm": algorithm},
@@ -481,8 +481,7 @@ def run_iterative(algorithm: str, config: dict | None, config_path: str | None,
     store = ArtifactStore(data / "artifacts")
     store.clean_temp()
     tr = cfg.tracking
-    uri = tracking_uri(cfg)
-    parent = Tracker(uri, tr.experiment, tr.enabled)
+    parent = tracker_for(cfg)
     taskset = build_taskset_task(cfg, quote(store))
     ctx = T.make_context(cfg, store, taskset)
     keys = I.round_keys(ctx)
@@ -501,7 +500,7 @@ def run_iterative(algorithm: str, config: dict | None, config_path: str | None,
                 logger.warning(w)
             rows = store.read_rows(res["metrics"])
             parent.log_metrics(rows)
-            child = Tracker(uri, tr.experiment, tr.enabled)
+            child = tracker_for(cfg)
             child.start(f"round-{r}", {"mlflow.parentRunId": run_id or "", "coopflow.round": str(r)}, {})
             child.log_metrics(rows)
             for ref in res.get("rl_metrics") or []:  # MARLHF-iter: the RL phase's per-update metrics

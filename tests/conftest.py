@@ -16,6 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ["HF_HOME"] = str(_ROOT / "hf")
+os.environ["COOPFLOW_CACHE"] = str(_ROOT / "cache")  # one migrated MLflow DB template for every test's data dir
 
 from flows.env import configure  # noqa: E402
 

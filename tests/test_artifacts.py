@@ -266,3 +266,59 @@ def test_corrupted_ref_record_raises_artifact_error(tmp_path):
     (Path(ref.uri) / "ref.json").write_text("{not json")
     with pytest.raises(ArtifactError, match="ref.json is corrupted"):
         store.find("model", "k1")
+
+
+# --- files created from a cached template (the MLflow DB)
+
+def test_create_from_template_builds_once_and_never_touches_an_existing_target(tmp_path):
+    from artifacts.templates import create_from_template
+
+    built = []
+
+    def build(p):
+        built.append(p)
+        p.write_text("template v1")
+
+    tpl = tmp_path / "cache" / "t.db"
+    assert create_from_template(tmp_path / "a" / "x.db", tpl, build)
+    assert create_from_template(tmp_path / "b" / "x.db", tpl, build)
+    assert len(built) == 1 and (tmp_path / "b" / "x.db").read_text() == "template v1"
+    (tmp_path / "a" / "x.db").write_text("my runs")
+    assert not create_from_template(tmp_path / "a" / "x.db", tpl, build)
+    assert (tmp_path / "a" / "x.db").read_text() == "my runs"
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["x.db"]  # no temp files left
+
+
+def test_failing_template_build_leaves_no_template_and_no_target(tmp_path):
+    from artifacts.templates import create_from_template
+
+    def build(p):
+        p.write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        create_from_template(tmp_path / "x.db", tmp_path / "cache" / "t.db", build)
+    assert not (tmp_path / "x.db").exists() and list((tmp_path / "cache").iterdir()) == []
+
+
+def test_new_mlflow_db_is_a_migrated_copy_with_artifacts_under_the_data_dir(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from flows.tracking import tracker_for
+    from schemas.config import validate_config
+
+    monkeypatch.setenv("COOPFLOW_CACHE", str(tmp_path / "cache"))
+    for name in ("one", "two"):
+        cfg = validate_config({"data_dir": str(tmp_path / name), "trainer": {"num_turns": 1}})
+        t = tracker_for(cfg)
+        run_id = t.start("r", {}, {"a": 1})
+        t.log_files({"x.json": {"a": 1}})
+        t.finish(True)
+        client = MlflowClient(f"sqlite:///{tmp_path / name / 'mlflow.db'}")
+        assert client.get_run(run_id).info.artifact_uri.startswith((tmp_path / name / "mlartifacts").as_uri())
+        assert (tmp_path / name / "mlartifacts" / "coopflow" / run_id / "artifacts" / "x.json").is_file()
+        assert client.get_experiment("0").artifact_location == (tmp_path / name / "mlartifacts" / "Default").as_uri()
+    assert len(list((tmp_path / "cache").glob("mlflow-*-empty.db"))) == 1
+    # an existing DB is reused as it is: the first run is still there
+    again = tracker_for(validate_config({"data_dir": str(tmp_path / "one"), "trainer": {"num_turns": 1}}))
+    assert again.client.search_runs([again.experiment_id])[0].info.run_id
