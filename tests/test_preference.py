@@ -217,7 +217,7 @@ def test_marlhf_moves_the_task_reward(tmp_path):
     _, before = T.evaluate(pol, ctx.eval_items[:cfg.trainer.eval_num_samples], T.formatters_for(ctx, pol),
                            ctx.sampling, ctx.caller, ctx.processor, derive_seed(cfg.seed, "final-eval"), ctx.episode)
     after = out["eval"]["eval/turn_1/reward_mean"]
-    assert after > before["eval/turn_1/reward_mean"] + 0.07, (before, after)  # ... and the task reward follows
+    assert after > before["eval/turn_1/reward_mean"] + 0.1, (before, after)  # ... and the task reward follows
     LIVE.clear()
 
 
