@@ -184,6 +184,38 @@ def _tiny(args) -> int:
     return 0
 
 
+def _boot_ephemeral_server():
+    """Without a Prefect API URL, start Prefect's ephemeral server now, in a background thread, so that its
+    10-30 s start-up (a uvicorn subprocess; schema migrations on a new data dir) overlaps this process's
+    imports of torch and the stages. Returns a function that waits until the server is up (a no-op when a
+    server is configured). The flow's client then finds the same, already running server."""
+    import threading
+
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return lambda: None
+    from prefect.server.api.server import SubprocessASGIServer
+
+    errors: list[BaseException] = []
+
+    def boot() -> None:
+        try:
+            SubprocessASGIServer().start()
+        except BaseException as err:  # surfaced by the waiter below
+            errors.append(err)
+
+    thread = threading.Thread(target=boot, name="prefect-ephemeral-boot", daemon=True)
+    thread.start()
+
+    def ready() -> None:
+        thread.join()
+        if errors:
+            raise errors[0]
+
+    return ready
+
+
 def _run(args) -> int:
     algorithm = args.flow.removeprefix("train-")
     cfg = _load(args, algorithm)  # fails fast, before Prefect or any model loads
@@ -194,10 +226,13 @@ def _run(args) -> int:
     if not os.environ.get("PREFECT_API_URL") and _healthy("http://127.0.0.1:4200/api"):
         # A local server is up (e.g. from `coopflow serve`): use it instead of starting an ephemeral one.
         os.environ["PREFECT_API_URL"] = "http://127.0.0.1:4200/api"
+    server_ready = _boot_ephemeral_server()
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     from flows.train import FLOWS
     from schemas.config import ConfigError
+
+    server_ready()
 
     config_path = str(Path(args.config).resolve()) if args.config else None
     t0 = time.time()

@@ -108,23 +108,22 @@ def test_a_process_killed_mid_round_resumes_from_the_last_completed_round(tmp_pa
                       "preference_replay_mode": "all_history"}
     repo = Path(__file__).resolve().parents[1]
 
-    def rounds(*extra, kill_at=0):
-        env = {**os.environ, "KILL_AT_CALL": str(kill_at), "PYTHONPATH": str(repo)}
-        return subprocess.run([sys.executable, "-c", _ROUNDS_SCRIPT, json.dumps(cfg), *extra], cwd=repo, env=env,
-                              capture_output=True, text=True, timeout=600)
-
-    first = rounds("1")
-    assert first.returncode == 0, first.stderr[-2000:]
     c = validate_config(cfg, "madpo-iter")
     store = T.ArtifactStore(tmp_path / "artifacts")
     ctx = T.make_context(c, store, build_taskset(c.taskset, store))
+    LIVE.clear()
+    I.run_rounds(ctx, max_new_rounds=1)  # round 1, in this process
+    LIVE.clear()
     keys = I.round_keys(ctx)
     shard1, ckpt1 = store.read_rows(store.find("pairs", keys[0])), store.find("checkpoint", keys[0]).sha256
-    killed = rounds(kill_at=5)  # round 2 is SIGKILLed while scoring its candidates
-    assert killed.returncode == -signal.SIGKILL
+    # round 2 in a separate process, SIGKILLed while scoring its candidates
+    killed = subprocess.run([sys.executable, "-c", _ROUNDS_SCRIPT, json.dumps(cfg)], cwd=repo,
+                            env={**os.environ, "KILL_AT_CALL": "5", "PYTHONPATH": str(repo)},
+                            capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert I.completed_rounds(ctx) == 1
-    resumed = rounds()
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    I.run_rounds(ctx)  # the next run (here: in this process) resumes
+    LIVE.clear()
     assert I.completed_rounds(ctx) == 2
     assert store.read_rows(store.find("pairs", keys[0])) == shard1  # round 1 is untouched ...
     assert store.find("checkpoint", keys[0]).sha256 == ckpt1
