@@ -17,9 +17,10 @@ def _tmp_beside(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
 
 
-def create_from_template(target: Path, template: Path, build: Callable[[Path], None]) -> bool:
-    """Create `target` as a copy of `template` (built by `build(path)` when missing). Returns False, doing
-    nothing, when `target` already exists."""
+def create_from_template(target: Path, template: Path, build: Callable[[Path], None],
+                         adapt: Callable[[Path], None] | None = None) -> bool:
+    """Create `target` as a copy of `template` (built by `build(path)` when missing); `adapt(path)` edits the
+    copy before it is renamed into place. Returns False, doing nothing, when `target` already exists."""
     target, template = Path(target), Path(template)
     if target.exists():
         return False
@@ -35,6 +36,8 @@ def create_from_template(target: Path, template: Path, build: Callable[[Path], N
     tmp = _tmp_beside(target)
     try:
         shutil.copyfile(template, tmp)
+        if adapt is not None:
+            adapt(tmp)
         if target.exists():  # another process created it meanwhile: keep theirs
             return False
         os.replace(tmp, target)

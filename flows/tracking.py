@@ -62,13 +62,15 @@ def _prepare_sqlite(db: Path, data: Path) -> None:
 
     import mlflow
 
-    cache = Path(os.environ.get("COOPFLOW_CACHE") or data / "cache")
-    if create_from_template(db, cache / f"mlflow-{mlflow.__version__}-empty.db", _empty_db):
-        con = sqlite3.connect(db)
+    def point_default_here(copy: Path) -> None:
+        con = sqlite3.connect(copy)
         with con:
             con.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
                         (_artifact_dir(data, "Default"),))
         con.close()
+
+    cache = Path(os.environ.get("COOPFLOW_CACHE") or data / "cache")
+    create_from_template(db, cache / f"mlflow-{mlflow.__version__}-empty.db", _empty_db, point_default_here)
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -110,8 +110,8 @@ class WorkerPolicies:
                 except EOFError:
                     raise RuntimeError(
                         f"agent {i} worker exited during start-up (exit code {self._procs[i].exitcode}). Workers "
-                        "are started as fresh processes: a script that trains with parallel_training='mp' must guard its "
-                        "entry point with `if __name__ == '__main__':`") from None
+                        "are started as fresh processes: a script that trains with parallel_training='mp' must "
+                        "guard its entry point with `if __name__ == '__main__':`") from None
                 if status == "error":
                     _raise(i, payload)
         except BaseException:

@@ -38,10 +38,10 @@ def _node_samples(rollouts: list[dict], adv: dict[tuple, float], agent: int) -> 
 def policy_loss(model, samples: list[list[dict]], pad_id: int, pad_tail: bool = False) -> tuple[torch.Tensor, int]:
     """Minibatch loss (one forward over every completion of every node sample) and its token count.
 
-    `pad_tail` (the reference's exact loss, `loss_on_padding`, on by default): each completion is padded with pad tokens to the longest
-    completion of its node, as CoMLRL's per-node `generate` returns it, and those pads enter the loss;
-    the last token of every padded row is not scored (CoMLRL's logits slice `[P-1:-1]` of a forward over
-    `prompt ‖ row[:-1]` holds one logit fewer than the row has tokens).
+    `pad_tail` (the reference's exact loss, `loss_on_padding`, on by default): each completion is padded
+    with pad tokens to the longest completion of its node, as CoMLRL's per-node `generate` returns it,
+    and those pads enter the loss; the last token of every padded row is not scored (CoMLRL's logits
+    slice `[P-1:-1]` of a forward over `prompt ‖ row[:-1]` holds one logit fewer than the row has tokens).
     """
     prompts, comps, adv, weight = [], [], [], []
     for node in samples:

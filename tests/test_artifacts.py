@@ -281,8 +281,9 @@ def test_create_from_template_builds_once_and_never_touches_an_existing_target(t
 
     tpl = tmp_path / "cache" / "t.db"
     assert create_from_template(tmp_path / "a" / "x.db", tpl, build)
-    assert create_from_template(tmp_path / "b" / "x.db", tpl, build)
-    assert len(built) == 1 and (tmp_path / "b" / "x.db").read_text() == "template v1"
+    assert create_from_template(tmp_path / "b" / "x.db", tpl, build, adapt=lambda p: p.write_text(p.read_text() + "+b"))
+    assert len(built) == 1 and (tmp_path / "b" / "x.db").read_text() == "template v1+b"
+    assert tpl.read_text() == "template v1"  # adapt edits the copy only
     (tmp_path / "a" / "x.db").write_text("my runs")
     assert not create_from_template(tmp_path / "a" / "x.db", tpl, build)
     assert (tmp_path / "a" / "x.db").read_text() == "my runs"

@@ -70,7 +70,8 @@ def test_deployment_run_completes(tmp_path, prefect_harness):
 
     def served() -> bool:
         with get_client(sync_client=True) as client:
-            have = {f"{f.name}/{d.name}" for d in client.read_deployments() for f in [client.read_flow(d.flow_id)]}
+            flow_names = {f.id: f.name for f in client.read_flows()}
+            have = {f"{flow_names.get(d.flow_id)}/{d.name}" for d in client.read_deployments()}
         return names <= have
 
     serve = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--name", "local"], env=env, cwd=REPO,
