@@ -77,6 +77,20 @@ def test_deployment_run_completes(tmp_path, prefect_harness):
     serve = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--name", "local"], env=env, cwd=REPO,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
+        # While the server process starts: round 1 of each iterative experiment, run here in-process. Its
+        # deployment run below must then add exactly one round (the 2nd), resuming from the store.
+        iterative = {}
+        for algo in ("madpo-iter", "marlhf-iter"):
+            cfg = small_config(tmp_path / f"data-{algo}")
+            cfg["trainer"] = {"num_iterations": 3, "max_new_tokens": 8, "preference_num_candidates": 4,
+                              "num_train_epochs": 1, "eval_num_samples": 2, "temperature": 1.0,
+                              "reward_num_train_epochs": 1, "num_generations": 2, "rollout_buffer_size": 2}
+            if algo == "madpo-iter":
+                for k in ("reward_num_train_epochs", "num_generations", "rollout_buffer_size"):
+                    del cfg["trainer"][k]
+            FLOWS[f"train-{algo}"](config=cfg, max_new_rounds=1)
+            assert _completed_rounds(cfg, algo) == 1, algo
+            iterative[algo] = cfg
         _wait(served, 240, "the served deployments")
         # Every other deployment, triggered together through Prefect's client (the served runner executes
         # them concurrently, also while the CLI run below watches its own run).
@@ -98,18 +112,8 @@ def test_deployment_run_completes(tmp_path, prefect_harness):
                 cfg["trainer"].update(num_generations=2, rollout_buffer_size=2)
             runs[_trigger(f"train-{algo}/local", {"config": cfg})] = algo
             checks.append(lambda data=data: any((data / "artifacts" / "pairs").iterdir()))
-        # the iterative deployments take max_new_rounds=1 by default: each run adds exactly one round
-        iterative = {}
-        for algo in ("madpo-iter", "marlhf-iter"):
-            cfg = small_config(tmp_path / f"data-{algo}")
-            cfg["trainer"] = {"num_iterations": 3, "max_new_tokens": 8, "preference_num_candidates": 4,
-                              "num_train_epochs": 1, "eval_num_samples": 2, "temperature": 1.0,
-                              "reward_num_train_epochs": 1, "num_generations": 2, "rollout_buffer_size": 2}
-            if algo == "madpo-iter":
-                for k in ("reward_num_train_epochs", "num_generations", "rollout_buffer_size"):
-                    del cfg["trainer"][k]
-            iterative[algo] = cfg
-            runs[_trigger(f"train-{algo}/local", {"config": cfg})] = f"{algo} round 1"
+        for algo, cfg in iterative.items():  # max_new_rounds=1 is the iterative deployments' default
+            runs[_trigger(f"train-{algo}/local", {"config": cfg})] = algo
 
         # The issue's path: `prefect deployment run ... --watch` completes.
         params = {"config": small_config(tmp_path / "data"), "overrides": {"seed": 3}}
@@ -120,21 +124,10 @@ def test_deployment_run_completes(tmp_path, prefect_harness):
         ckpts = [p for p in (tmp_path / "data" / "artifacts" / "checkpoint").iterdir() if not p.name.startswith(".")]
         assert len(ckpts) == 1 and (ckpts[0] / "agent_0" / "config.json").is_file()
 
-        # Wait for the batch; an iterative deployment's second run starts as soon as its first one is done.
-        t0, done = time.time(), {}
-        while len(done) < len(runs):
-            assert time.time() - t0 < 500, f"timed out waiting for {set(runs.values()) - set(done.values())}"
-            for rid, what in list(runs.items()):
-                st = _state(rid) if rid not in done else None
-                if st is None or not st.is_final():
-                    continue
-                assert st.type.value == "COMPLETED", (what, st.type.value, st.message)
-                done[rid] = what
-                if what.endswith("round 1"):
-                    algo = what.split()[0]
-                    assert _completed_rounds(iterative[algo], algo) == 1, algo
-                    runs[_trigger(f"train-{algo}/local", {"config": iterative[algo]})] = f"{algo} round 2"
-            time.sleep(1)
+        for rid, what in runs.items():  # the batch
+            _wait(lambda: _state(rid).is_final(), 500, f"the {what} deployment run")
+            st = _state(rid)
+            assert st.type.value == "COMPLETED", (what, st.type.value, st.message)
         for algo, cfg in iterative.items():
             assert _completed_rounds(cfg, algo) == 2, algo
         assert all(check() for check in checks)
