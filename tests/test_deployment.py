@@ -61,7 +61,8 @@ def test_deployment_run_completes(tmp_path, prefect_harness):
     url = PREFECT_API_URL.value()  # the session's Prefect test server (a server of its own costs ~30 s to boot)
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": url,
            "COOPFLOW_HOME": str(tmp_path / "home"), "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "PREFECT_LOGGING_LEVEL": "WARNING", "PREFECT_RUNNER_PROCESS_LIMIT": "8"}
+           "PREFECT_LOGGING_LEVEL": "WARNING", "PREFECT_RUNNER_PROCESS_LIMIT": "8",
+           "OMP_NUM_THREADS": "1"}  # 8 runs at once on a small machine: one torch thread each (see README)
     env.pop("MLFLOW_TRACKING_URI", None)
 
     from flows.train import FLOWS
