@@ -16,6 +16,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ["HF_HOME"] = str(_ROOT / "hf")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # parallel test workers share the cores: one torch thread each
+    os.environ["OMP_NUM_THREADS"] = "1"
 os.environ["COOPFLOW_CACHE"] = str(_ROOT / "cache")  # one migrated MLflow DB template for every test's data dir
 
 from flows.env import configure  # noqa: E402
