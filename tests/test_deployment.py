@@ -125,8 +125,8 @@ def test_deployment_run_completes(tmp_path, prefect_harness):
         ckpts = [p for p in (tmp_path / "data" / "artifacts" / "checkpoint").iterdir() if not p.name.startswith(".")]
         assert len(ckpts) == 1 and (ckpts[0] / "agent_0" / "config.json").is_file()
 
-        for rid, what in runs.items():  # the batch
-            _wait(lambda: _state(rid).is_final(), 500, f"the {what} deployment run")
+        _wait(lambda: all(_state(rid).is_final() for rid in runs), 500, "the batch of deployment runs")
+        for rid, what in runs.items():
             st = _state(rid)
             assert st.type.value == "COMPLETED", (what, st.type.value, st.message)
         for algo, cfg in iterative.items():

@@ -88,7 +88,7 @@ from stages.build_taskset import build_taskset
 c = validate_config(json.loads(sys.argv[1]), "madpo-iter")
 store = T.ArtifactStore(c.data_dir + "/artifacts")
 ctx = T.make_context(c, store, build_taskset(c.taskset, store))
-I.run_rounds(ctx, max_new_rounds=int(sys.argv[2]) if len(sys.argv) > 2 else None)
+I.run_rounds(ctx)
 """
 
 
