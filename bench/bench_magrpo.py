@@ -166,7 +166,7 @@ def child_direct(spec: dict) -> None:
 
     torch.set_num_threads(THREADS)
     from schemas.config import load_config
-    from stages.run_direct import run_direct
+    from stages.loops.run import run_direct
 
     cfg = load_config(base=spec["config"])
     # Warm the process before the clock starts, as the peer harness is warm when its clock starts (it
@@ -237,7 +237,7 @@ def child_flow(spec: dict) -> None:
 
     from flows.train import train_magrpo
     from schemas.config import load_config
-    from stages.run_direct import run_direct
+    from stages.loops.run import run_direct
 
     out: dict = {"torch_threads": torch.get_num_threads(), "pairs": []}
     # As flows/cli.py: no heartbeat thread for a foreground run.

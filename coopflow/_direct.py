@@ -41,24 +41,27 @@ def run_tracked(cfg: RunConfig, tags: list[str] | dict | None = None, show_progr
 
 def _run(cfg: RunConfig, store: ArtifactStore, show_progress: bool) -> dict:
     if cfg.algorithm in ITERATIVE:
-        from stages import train_iterative as I
-        from stages import train_online as T
-        from stages.build_taskset import build_taskset
+        from stages.loops import rounds as I
+        from stages.loops.context import make_context
+        from stages.tasks.taskset import build_taskset
 
-        ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
-        rounds = I.run_rounds(ctx)
+        ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
+        try:
+            rounds = I.run_rounds(ctx, show_progress=show_progress)
+        finally:
+            ctx.session.close()
         last = rounds[-1]
         ev = I.round_eval(store, last["metrics"])
         return {"algorithm": cfg.algorithm, "completed_rounds": len(rounds), "checkpoint":
                 str(store.open_dir(last["checkpoint"])), "eval": ev, "env_steps": len(rounds),
-                "_metrics_refs": [r["metrics"] for r in rounds]}
+                "executed": ctx.session.executed(), "_metrics_refs": [r["metrics"] for r in rounds]}
     if cfg.algorithm in PREFERENCE:
-        from stages.train_preference import run_preference_direct
+        from stages.loops.preference import run_preference_direct
 
         out = run_preference_direct(cfg, store)
         out.pop("metrics", None)
         return {"algorithm": cfg.algorithm, **out}
-    from stages.run_direct import run_direct
+    from stages.loops.run import run_direct
 
     refs: list = []
     out = run_direct(cfg, store, show_progress, metrics_refs=refs)

@@ -34,7 +34,7 @@ def callable_ref(fn, builtins: dict | None = None) -> str:
     function of an importable module (so flows and deployments can load it too), else 'mem:<fingerprint>'."""
     import importlib
 
-    from stages.rewards import register_callable
+    from stages.common.user_code import register_callable
 
     for name, b in (builtins or {}).items():
         if fn is b:
@@ -76,7 +76,7 @@ class FacadeTrainer:
                  metrics_callback=None, args=None, critic_model: str | Any = None, critics: list | None = None,
                  data_dir: str | None = None, seed: int = 0):
         from flows.env import configure
-        from stages.rewards import BUILTIN_REWARDS
+        from stages.score.rewards import BUILTIN_REWARDS
 
         configure(data_dir)  # embedded defaults (Prefect home, MLflow DB) under the data dir, before Prefect loads
         # --- the reference's argument checks, in its order and with its phrases
@@ -128,7 +128,8 @@ class FacadeTrainer:
         self._last: dict | None = None
 
         # --- load what the public attributes expose (no tokenizer call, no generation)
-        from stages.models import adamw, load_agent
+        from stages.agents.models import load_agent
+        from stages.agents.state import adamw
 
         dtype = self._dtype()
         if agents is not None and agent_model is None:
@@ -190,7 +191,7 @@ class FacadeTrainer:
         if src != "tiny":
             return src
         from artifacts import ArtifactStore
-        from stages.train_online import resolve_model_sources
+        from stages.loops.context import resolve_model_sources
 
         cfg = validate_config({"agents": {"agent_model": "tiny"}, "data_dir": self.data_dir,
                                "trainer": {"num_turns": 1}})
@@ -318,20 +319,21 @@ class FacadeTrainer:
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
         """Evaluation metrics (`eval/turn_t/reward_mean`, …) of the current agents on the eval dataset."""
         from artifacts import ArtifactStore
-        from stages import train_online as T
-        from stages.build_taskset import build_taskset
-        from stages.generate_rollouts import derive_seed
-        from stages.models import AgentState, Policies
+        from stages.common.seeds import derive_seed
+        from stages.evaluate.evaluate import evaluate
+        from stages.agents.state import AgentState, Policies
+        from stages.loops.context import formatters_for, make_context
+        from stages.tasks.taskset import build_taskset
 
         cfg = self.run_config()
         store = ArtifactStore(cfg.resolved_data_dir() / "artifacts")
-        ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
+        ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
         pol = Policies([AgentState(m, t, self.args.agent_learning_rate) for m, t in zip(self.agents, self.tokenizers)])
         n = num_eval_samples if num_eval_samples is not None else (cfg.trainer.eval_num_samples or None)
         caller, proc, _ = ctx.eval_reward()
-        _, metrics = T.evaluate(pol, ctx.eval_items[:n] if n else ctx.eval_items, T.formatters_for(ctx, pol),
-                                ctx.sampling, caller, proc, derive_seed(cfg.seed, "facade-eval"), ctx.episode,
-                                ctx.eval_hooks)
+        _, metrics = evaluate(pol, ctx.eval_items[:n] if n else ctx.eval_items, formatters_for(ctx, pol),
+                              ctx.sampling, caller, proc, derive_seed(cfg.seed, "facade-eval"), ctx.episode,
+                              ctx.eval_hooks)
         return metrics
 
     def save_model(self, output_dir: str) -> None:

@@ -177,7 +177,7 @@ def _config_reference(args) -> int:
 
 
 def _tiny(args) -> int:
-    from stages.models import build_tiny_model
+    from stages.agents.models import build_tiny_model
 
     out = build_tiny_model(args.dir, args.hidden, args.layers, args.seed, args.vocab)
     print(out)

@@ -27,8 +27,12 @@ from prefect.utilities.annotations import quote
 from artifacts import ArtifactError, ArtifactRef, ArtifactStore
 from flows.tracking import CurvePNG, Tracker, tracker_for
 from schemas.config import ConfigError, RunConfig, load_config
-from stages import train_online as T
-from stages.build_taskset import build_taskset
+from stages.agents.checkpoint import CheckpointLayout
+from stages.loops import context as C
+from stages.loops import run as R
+from stages.loops.keys import eval_key
+from stages.loops.segment import SegmentResult, train_segment
+from stages.tasks.taskset import build_taskset
 
 STAGES = ("taskset", "train", "evaluate", "score", "critic")
 """Stages a flow run can be limited to with `stages=[...]`; 'score' re-scores stored rollouts."""
@@ -65,41 +69,46 @@ def build_taskset_task(cfg: RunConfig, store: ArtifactStore) -> ArtifactRef:
 @task(name="prepare-agents", cache_policy=NO_CACHE)
 def prepare_agents_task(cfg: RunConfig, store: ArtifactStore) -> tuple[list[str], dict]:
     """Resolve agent sources (building the tiny model artifact when asked)."""
-    return T.resolve_sources(cfg, store)
+    return C.resolve_sources(cfg, store)
 
 
 @task(name="train-segment", task_run_name="train-segment-{index}", cache_policy=NO_CACHE, retries=1,
       retry_delay_seconds=2, retry_condition_fn=_no_retry_on_bad_input)
-def train_segment_task(ctx: T.RunContext, index: int, start: ArtifactRef | None, start_key: str,
-                       end_key: str, show_progress: bool) -> dict:
+def train_segment_task(ctx: C.RunContext, index: int, start: ArtifactRef | None, start_key: str,
+                       show_progress: bool) -> SegmentResult:
     """Train one segment, or return its stored checkpoint/steps/metrics when already done."""
-    res = T.train_segment(ctx, index, start, start_key, show_progress=show_progress)
+    res = train_segment(ctx, index, start, start_key, show_progress=show_progress)
     if res.cached:
-        get_run_logger().info("segment %d cached: checkpoint %s", index, end_key)
-    if res.checkpoint.key != end_key:
-        raise RuntimeError(f"segment {index} produced policy {res.checkpoint.key}, planned {end_key}")
-    return {"checkpoint": res.checkpoint, "steps": res.steps, "metrics": res.metrics,
-            "executed": res.executed, "cached": res.cached}
+        get_run_logger().info("segment %d cached: checkpoint %s", index, res.checkpoint.key)
+    return res
+
+
+def segment_runner(show_progress: bool):
+    """The segment loop's `run_segment`: each segment a Prefect task run."""
+    def run(ctx: C.RunContext, index: int, start: ArtifactRef | None, start_key: str) -> SegmentResult:
+        return train_segment_task(quote(ctx), index, start, start_key, show_progress)
+
+    return run
 
 
 @task(name="evaluate", cache_policy=NO_CACHE, retries=1, retry_condition_fn=_no_retry_on_bad_input)
-def evaluate_task(ctx: T.RunContext, ckpt: ArtifactRef, refresh: bool) -> tuple[ArtifactRef, dict]:
+def evaluate_task(ctx: C.RunContext, ckpt: ArtifactRef, refresh: bool) -> tuple[ArtifactRef, dict]:
     """Single-path evaluation of a checkpoint on the eval split."""
     if refresh:
-        ctx.store.remove("eval", T.eval_key(ctx, ckpt.key))
-    return T.evaluate_checkpoint(ctx, ckpt)
+        ctx.store.remove("eval", eval_key(ctx, ckpt.key))
+    return R.evaluate_checkpoint(ctx, ckpt)
 
 
 @task(name="fit-critic", cache_policy=NO_CACHE, retry_condition_fn=_no_retry_on_bad_input)
-def refit_critic_task(ctx: T.RunContext, ckpt: ArtifactRef, steps_refs: list[ArtifactRef]) -> tuple[ArtifactRef, dict]:
+def refit_critic_task(ctx: C.RunContext, ckpt: ArtifactRef, steps_refs: list[ArtifactRef]) -> tuple[ArtifactRef, dict]:
     """Re-fit the trained critic(s) on the run's stored actor-critic samples (no generation)."""
-    return T.refit_critic(ctx, ckpt, steps_refs)
+    return R.refit_critic(ctx, ckpt, steps_refs)
 
 
 @task(name="rescore", cache_policy=NO_CACHE)
-def rescore_task(ctx: T.RunContext, steps_refs: list[ArtifactRef]) -> list[dict]:
+def rescore_task(ctx: C.RunContext, steps_refs: list[ArtifactRef]) -> list[dict]:
     """Re-score stored rollouts with the configured reward; returns per-update metric rows."""
-    return T.rescore(ctx, steps_refs)
+    return R.rescore(ctx, steps_refs)
 
 
 # --- the flow body -------------------------------------------------------------------------------
@@ -126,16 +135,15 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
     data = cfg.resolved_data_dir()
     store = ArtifactStore(data / "artifacts")
     store.clean_temp()
-    calls0 = dict(T.CALLS)
     tr = cfg.tracking
     tracker = tracker_for(cfg)
 
     # --- plan (no model is loaded here)
     taskset = build_taskset_task(cfg, quote(store))
     sources, ident = prepare_agents_task(cfg, quote(store))
-    ctx = T.make_context(cfg, store, taskset, sources, ident)
-    ends = T.segment_end_keys(ctx)
-    run_key = ends[-1]
+    ctx = C.make_context(cfg, store, taskset, sources, ident)
+    ends = list(ctx.end_keys)
+    run_key = ctx.run_key
     try:
         from prefect.runtime import flow_run
         prefect_tags = {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": str(flow_run.name)}
@@ -148,9 +156,9 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
                            _public(cfg), run_id=continue_run)
     if continue_run:
         tracker.tag({"coopflow.run_key": run_key, **prefect_tags})
-    logger.info("%s: %s in %d segment(s), run_key %s, mlflow run %s", algorithm, ctx.budget.describe(),
-                len(ctx.segments), run_key, run_id)
-    for w in ctx.warnings:
+    logger.info("%s: %s in %d segment(s), run_key %s, mlflow run %s", algorithm, ctx.plan.budget.describe(),
+                len(ctx.plan.segments), run_key, run_id)
+    for w in ctx.plan.warnings:
         logger.warning(w)
     ok = False
     try:
@@ -158,44 +166,45 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
         tracker.log_dataset(f"taskset-{cfg.taskset.name}", taskset)
         tracker.flush()
         summary: dict[str, Any] = {"algorithm": algorithm, "run_key": run_key, "mlflow_run_id": run_id,
-                                   "budget": ctx.budget.as_dict(), "warnings": list(ctx.warnings)}
+                                   "budget": ctx.plan.budget.as_dict(), "warnings": list(ctx.plan.warnings)}
 
         # --- train (segment by segment; cached segments return their stored refs)
-        ckpt, key, steps_refs, steps_rows, cached, metric_refs = None, ctx.start_key, [], [], [], []
+        ckpt, steps_refs, steps_rows, cached, metric_refs = None, [], [], [], []
         if "train" in stages:
             if "train" in refresh:
                 raise ConfigError("refresh=['train'] is not supported: training artifacts are input-addressed and "
                                   "never stale; change the seed or config to train anew")
-            for i, end in enumerate(ends):
-                res = train_segment_task(quote(ctx), i, ckpt, key, end, show_progress)
-                ckpt, key = res["checkpoint"], end
-                steps_refs.append(res["steps"])
-                cached.append(res["cached"])
-                if not (continue_run and res["cached"]):  # a continued run already has those points
-                    tracker.log_metrics(store.read_rows(res["metrics"]))
-                metric_refs.append(res["metrics"])
-                tracker.record(f"checkpoint.segment_{i}", ckpt)
+
+            def track_segment(i: int, res: SegmentResult) -> None:
+                cached.append(res.cached)
+                if not (continue_run and res.cached):  # a continued run already has those points
+                    tracker.log_metrics(store.read_rows(res.metrics))
+                tracker.record(f"checkpoint.segment_{i}", res.checkpoint)
+
+            trained = R.run_segments(ctx, segment_runner(show_progress), track_segment)
+            ckpt, steps_refs, metric_refs = trained.checkpoint, trained.steps_refs, trained.metrics_refs
         elif "evaluate" in stages or "critic" in stages:
             ckpt = store.find("checkpoint", run_key)
             if ckpt is None:
                 raise ConfigError("no trained checkpoint for this config yet: run the 'train' stage first")
             steps_refs = [store.find("steps", k) for k in ends]
             metric_refs = [r for r in (store.find("metrics", k) for k in ends) if r is not None]
-        train_s, load_s = T.train_seconds(store, metric_refs)
+        train_s, load_s = R.train_seconds(store, metric_refs)
         for ref in steps_refs:
             if ref is not None:
                 tracker.record("steps", ref)
                 rows = store.read_rows(ref)
                 steps_rows += rows
-                for r in rows:
-                    for kind in ("rollouts", "scores", "advantages"):
-                        found = store.find(kind, r[kind])
+                for r in rows:  # every artifact an update read or wrote
+                    for kind, key in (("rollouts", r["rollouts"]), ("scores", r["scores"]),
+                                      (r["signal_kind"], r["signal"])):
+                        found = store.find(kind, key) if key else None
                         if found:
                             tracker.record(kind, found)
         env_steps = steps_rows[-1]["env_step"] if steps_rows else 0
         if ckpt is not None:
             tracker.record("checkpoint.final", ckpt, tag=True)
-            first, last = T.first_last_fifth([r["reward_mean"] for r in steps_rows])
+            first, last = R.first_last_fifth([r["reward_mean"] for r in steps_rows])
             summary.update(env_steps=env_steps, reward_first=first, reward_last=last, train_seconds=train_s,
                            load_seconds=load_s, env_steps_per_s=(env_steps / train_s) if train_s > 0 else None,
                            checkpoint=str(store.open_dir(ckpt)), segments_cached=cached)
@@ -223,15 +232,16 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
             rows = rescore_task(quote(ctx), src)
             tracker.log_metrics(rows, flush=False)
             vals = [r["value"] for r in rows]
-            summary["rescore"] = dict(zip(("reward_first", "reward_last"), T.first_last_fifth(vals)),
+            summary["rescore"] = dict(zip(("reward_first", "reward_last"), R.first_last_fifth(vals)),
                                       updates=len(vals), source_run_key=rescore_from)
 
-        summary["executed"] = {k: v - calls0.get(k, 0) for k, v in T.CALLS.items() if v - calls0.get(k, 0)}
+        summary["executed"] = ctx.session.executed()
         _log_run_files(tracker, store, cfg, summary, steps_rows, curve)
         tracker.log_metrics([{"key": "final_model_saved", "value": 1.0, "env_step": env_steps}])
         ok = True
         return summary
     finally:
+        ctx.session.close()
         tracker.finish(ok)
 
 
@@ -254,10 +264,7 @@ def _segment_keys_of(store: ArtifactStore, run_key: str) -> list[str]:
     ck = store.find("checkpoint", run_key)
     if ck is None:
         raise ConfigError(f"rescore_from={run_key!r}: no such run (no checkpoint with that run_key in {store.root})")
-    import json
-
-    state = json.loads((store.open_dir(ck) / "trainer_state.json").read_text())
-    return state.get("segment_keys", [run_key])
+    return CheckpointLayout(store.open_dir(ck)).trainer_state().get("segment_keys", [run_key])
 
 
 def _log_run_files(tracker: Tracker, store: ArtifactStore, cfg: RunConfig, summary: dict, steps: list[dict],
@@ -281,33 +288,33 @@ def _log_run_files(tracker: Tracker, store: ArtifactStore, cfg: RunConfig, summa
 
 
 @task(name="generate-candidates", cache_policy=NO_CACHE, retries=1, retry_condition_fn=_no_retry_on_bad_input)
-def candidates_task(ctx: T.RunContext) -> tuple[ArtifactRef, ArtifactRef]:
+def candidates_task(ctx: C.RunContext) -> tuple[ArtifactRef, ArtifactRef]:
     """P aligned joint candidates per item, scored with the task reward."""
-    from stages import train_preference as P
+    from stages.loops import preference as P
 
     return P.generate_candidates(ctx)
 
 
 @task(name="build-pairs", cache_policy=NO_CACHE)
-def pairs_task(ctx: T.RunContext, cand: ArtifactRef, scores: ArtifactRef) -> ArtifactRef:
+def pairs_task(ctx: C.RunContext, cand: ArtifactRef, scores: ArtifactRef) -> ArtifactRef:
     """Preference pairs (ties dropped, selected by pair_selection)."""
-    from stages import train_preference as P
+    from stages.loops import preference as P
 
     return P.make_pairs(ctx, cand, scores)
 
 
 @task(name="dpo-update", cache_policy=NO_CACHE, retries=1, retry_condition_fn=_no_retry_on_bad_input)
-def dpo_task(ctx: T.RunContext, pairs: ArtifactRef, show_progress: bool) -> dict:
+def dpo_task(ctx: C.RunContext, pairs: ArtifactRef, show_progress: bool) -> dict:
     """Joint-factorized DPO over the pairs -> checkpoint, metrics."""
-    from stages import train_preference as P
+    from stages.loops import preference as P
 
     return P.train_dpo(ctx, pairs, show_progress)
 
 
 @task(name="fit-reward-model", cache_policy=NO_CACHE, retries=1, retry_condition_fn=_no_retry_on_bad_input)
-def reward_model_task(ctx: T.RunContext, pairs: ArtifactRef) -> tuple[ArtifactRef, dict]:
+def reward_model_task(ctx: C.RunContext, pairs: ArtifactRef) -> tuple[ArtifactRef, dict]:
     """Bradley-Terry joint reward model on the pairs."""
-    from stages import train_preference as P
+    from stages.loops import preference as P
 
     return P.fit_rm(ctx, pairs)
 
@@ -321,7 +328,7 @@ def _no_pref_option(rescore_from, continue_run, algorithm: str) -> None:
 def run_preference(algorithm: str, config: dict | None, config_path: str | None, overrides, stages, refresh,
                    show_progress: bool) -> dict:
     """MADPO / MARLHF: candidates -> pairs -> (DPO | reward model -> RL) -> evaluate, tracked in MLflow."""
-    from stages import train_preference as P
+    from stages.loops import preference as P
 
     cfg = load_config(config_path, overrides, algorithm=algorithm, base=config)
     stages = list(stages or ["taskset", "train", "evaluate"])
@@ -333,17 +340,18 @@ def run_preference(algorithm: str, config: dict | None, config_path: str | None,
     data = cfg.resolved_data_dir()
     store = ArtifactStore(data / "artifacts")
     store.clean_temp()
-    calls0 = dict(T.CALLS)
     tr = cfg.tracking
     tracker = tracker_for(cfg)
     taskset = build_taskset_task(cfg, quote(store))
     ctx = P.preference_context(cfg, store, taskset)
     run_id = tracker.start(tr.run_name or f"{algorithm}-{P.pairs_key(ctx)[:8]}", {"coopflow.algorithm": algorithm},
                            _public(cfg))
-    logger.info("%s: %s, pairs key %s, mlflow run %s", algorithm, ctx.budget.describe(), P.pairs_key(ctx), run_id)
+    logger.info("%s: %s, pairs key %s, mlflow run %s", algorithm, ctx.plan.budget.describe(), P.pairs_key(ctx),
+                run_id)
     ok = False
     try:
-        summary: dict[str, Any] = {"algorithm": algorithm, "mlflow_run_id": run_id, "budget": ctx.budget.as_dict()}
+        summary: dict[str, Any] = {"algorithm": algorithm, "mlflow_run_id": run_id,
+                                   "budget": ctx.plan.budget.as_dict()}
         tracker.record("taskset", taskset, tag=True)
         cand, scores = candidates_task(quote(ctx))
         pairs = pairs_task(quote(ctx), cand, scores)
@@ -364,33 +372,28 @@ def run_preference(algorithm: str, config: dict | None, config_path: str | None,
             tracker.log_metrics([{"key": k, "value": v, "env_step": 0} for k, v in rm_metrics.items()])
             summary["reward_model"] = {**rm_metrics, "artifact": str(store.open_dir(rm_ref))}
             rctx = P.rl_context(ctx, rm_ref)
-            ends = T.segment_end_keys(rctx)
-            key, rewards = rctx.start_key, []
-            for i, end in enumerate(ends):
-                res = train_segment_task(quote(rctx), i, ckpt, key, end, show_progress)
-                ckpt, key = res["checkpoint"], end
-                tracker.log_metrics(store.read_rows(res["metrics"]))
-                steps = store.read_rows(res["steps"])
-                rewards += [r["reward_mean"] for r in steps]
-                env_steps = steps[-1]["env_step"] if steps else env_steps
-            first, last = T.first_last_fifth(rewards)
+            trained = R.run_segments(rctx, segment_runner(show_progress),
+                                     lambda i, res: tracker.log_metrics(store.read_rows(res.metrics)))
+            ckpt, env_steps = trained.checkpoint, trained.env_steps
+            first, last = trained.first_last()
             summary.update(rm_reward_first=first, rm_reward_last=last, run_key=ckpt.key)
             eval_ctx = rctx
         tracker.record("checkpoint.final", ckpt, tag=True)
         summary.update(env_steps=env_steps, checkpoint=str(store.open_dir(ckpt)))
         if "evaluate" in stages:  # always with the task reward
             if "evaluate" in refresh:
-                store.remove("eval", T.eval_key(eval_ctx, ckpt.key))
+                store.remove("eval", eval_key(eval_ctx, ckpt.key))
             ev_ref, ev = evaluate_task(quote(eval_ctx), ckpt, False)
             tracker.record("eval", ev_ref, tag=True)
             tracker.log_metrics([{"key": k, "value": v, "env_step": env_steps} for k, v in ev.items()], flush=False)
             summary["eval"] = ev
-        summary["executed"] = {k: v - calls0.get(k, 0) for k, v in T.CALLS.items() if v - calls0.get(k, 0)}
+        summary["executed"] = ctx.session.executed()
         _log_run_files(tracker, store, cfg, summary, [], None)
         tracker.log_metrics([{"key": "final_model_saved", "value": 1.0, "env_step": env_steps}])
         ok = True
         return summary
     finally:
+        ctx.session.close()
         tracker.finish(ok)
 
 
@@ -452,11 +455,11 @@ def train_marlhf(config: dict | None = None, config_path: str | None = None,
 
 
 @flow(name="preference-round", flow_run_name="round-{r}", log_prints=True, validate_parameters=False)
-def round_flow(ctx: Any, r: int) -> dict:  # ctx: a T.RunContext (Any: no parameter schema for it)
+def round_flow(ctx: Any, r: int, show_progress: bool = False) -> dict:  # ctx: a RunContext (Any: no schema)
     """One round: target + comparator candidates, aligned pairs (a replay shard), replay, training, eval."""
-    from stages import train_iterative as I
+    from stages.loops import rounds as I
 
-    return I.run_round(ctx, r)
+    return I.run_round(ctx, r, show_progress)
 
 
 def _parent_run(tracker: Tracker, exp_key: str, name: str, params: dict, algorithm: str) -> str | None:
@@ -471,10 +474,11 @@ def _parent_run(tracker: Tracker, exp_key: str, name: str, params: dict, algorit
 
 
 def run_iterative(algorithm: str, config: dict | None, config_path: str | None,
-                  overrides: dict[str, Any] | list[str] | None, max_new_rounds: int | None) -> dict:
+                  overrides: dict[str, Any] | list[str] | None, max_new_rounds: int | None,
+                  show_progress: bool = False) -> dict:
     """The rounds of an iterative experiment, resumed from the store; one MLflow child run per round."""
-    from stages import train_iterative as I
-    from stages.reward_drift import bar_svg
+    from stages.loops import rounds as I
+    from stages.evaluate.reward_drift import bar_svg
 
     cfg = load_config(config_path, overrides, algorithm=algorithm, base=config)
     data = cfg.resolved_data_dir()
@@ -483,40 +487,44 @@ def run_iterative(algorithm: str, config: dict | None, config_path: str | None,
     tr = cfg.tracking
     parent = tracker_for(cfg)
     taskset = build_taskset_task(cfg, quote(store))
-    ctx = T.make_context(cfg, store, taskset)
+    ctx = C.make_context(cfg, store, taskset)
     keys = I.round_keys(ctx)
     done = I.completed_rounds(ctx)
     run_id = _parent_run(parent, keys[0], tr.run_name or f"{algorithm}-{keys[0][:8]}", _public(cfg), algorithm)
     logger = get_run_logger()
     logger.info("%s: %d of %d rounds stored; mlflow parent run %s", algorithm, done, len(keys), run_id)
-    ok, ran, summary = False, [], {"algorithm": algorithm, "mlflow_run_id": run_id, "rounds": len(keys)}
+    ok, ran, warnings = False, [], list(ctx.plan.warnings)
+    summary = {"algorithm": algorithm, "mlflow_run_id": run_id, "rounds": len(keys)}
+
+    def track_round(r: int, res: dict) -> None:
+        """MLflow: the round's metrics on the parent run, and a child run with its artifacts."""
+        for w in res["warnings"]:
+            logger.warning(w)
+            if w not in warnings:
+                warnings.append(w)
+        rows = store.read_rows(res["metrics"])
+        parent.log_metrics(rows)
+        child = tracker_for(cfg)
+        child.start(f"round-{r}", {"mlflow.parentRunId": run_id or "", "coopflow.round": str(r)}, {})
+        child.log_metrics(rows)
+        for ref in res.get("rl_metrics") or []:  # MARLHF-iter: the RL phase's per-update metrics
+            child.log_metrics(store.read_rows(ref))
+        child.record("checkpoint", res["checkpoint"], tag=True)
+        child.record("pairs", res["shard"], tag=True)
+        if res.get("drift"):
+            name = f"reward_distributions/iteration_{r:04d}"
+            child.log_files({f"{name}.json": res["drift"],
+                             f"{name}_candidates.html": bar_svg(res["drift"]).encode(),
+                             f"{name}_selected.html": bar_svg(res["drift"], "selected").encode()})
+        child.finish(True)
+        ran.append(r)
+
     try:
-        for r in range(done + 1, len(keys) + 1):
-            if max_new_rounds is not None and len(ran) >= max_new_rounds:
-                break
-            seen = len(ctx.warnings)
-            res = round_flow(quote(ctx), r)
-            for w in ctx.warnings[seen:]:
-                logger.warning(w)
-            rows = store.read_rows(res["metrics"])
-            parent.log_metrics(rows)
-            child = tracker_for(cfg)
-            child.start(f"round-{r}", {"mlflow.parentRunId": run_id or "", "coopflow.round": str(r)}, {})
-            child.log_metrics(rows)
-            for ref in res.get("rl_metrics") or []:  # MARLHF-iter: the RL phase's per-update metrics
-                child.log_metrics(store.read_rows(ref))
-            child.record("checkpoint", res["checkpoint"], tag=True)
-            child.record("pairs", res["shard"], tag=True)
-            if res.get("drift"):
-                name = f"reward_distributions/iteration_{r:04d}"
-                child.log_files({f"{name}.json": res["drift"],
-                                 f"{name}_candidates.html": bar_svg(res["drift"]).encode(),
-                                 f"{name}_selected.html": bar_svg(res["drift"], "selected").encode()})
-            child.finish(True)
-            ran.append(r)
+        I.run_rounds(ctx, max_new_rounds, lambda c, r: round_flow(quote(c), r, show_progress), track_round,
+                     show_progress)
         summary.update(completed_rounds=I.completed_rounds(ctx), ran_rounds=ran)
-        if ctx.warnings:
-            summary["warnings"] = list(dict.fromkeys(ctx.warnings))
+        if warnings:
+            summary["warnings"] = warnings
         last = store.find("checkpoint", keys[summary["completed_rounds"] - 1]) if summary["completed_rounds"] else None
         if last is not None:
             summary["checkpoint"] = str(store.open_dir(last))
@@ -524,6 +532,7 @@ def run_iterative(algorithm: str, config: dict | None, config_path: str | None,
         ok = True
         return summary
     finally:
+        ctx.session.close()
         parent.finish(ok)
 
 
@@ -532,7 +541,7 @@ def train_madpo_iter(config: dict | None = None, config_path: str | None = None,
                      overrides: dict[str, Any] | list[str] | None = None, max_new_rounds: int | None = None,
                      show_progress: bool = False) -> dict:
     """Iterative MADPO: rounds resume from the store; `max_new_rounds=1` runs the next round (for schedules)."""
-    return run_iterative("madpo-iter", config, config_path, overrides, max_new_rounds)
+    return run_iterative("madpo-iter", config, config_path, overrides, max_new_rounds, show_progress)
 
 
 @flow(name="train-marlhf-iter", flow_run_name=_run_name, log_prints=True)
@@ -540,7 +549,7 @@ def train_marlhf_iter(config: dict | None = None, config_path: str | None = None
                       overrides: dict[str, Any] | list[str] | None = None, max_new_rounds: int | None = None,
                       show_progress: bool = False) -> dict:
     """Iterative MARLHF: per round a fresh reward model on the round's pairs, then RL on it (eval: task reward)."""
-    return run_iterative("marlhf-iter", config, config_path, overrides, max_new_rounds)
+    return run_iterative("marlhf-iter", config, config_path, overrides, max_new_rounds, show_progress)
 
 
 FLOWS = {"train-magrpo": train_magrpo, "train-mareinforce": train_mareinforce,

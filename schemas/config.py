@@ -9,10 +9,14 @@ A run config is one YAML/JSON document with a few sections:
     trainer:   {...}             # the reference's MAGRPOConfig fields, same names and defaults
     seed: 0
 
-`trainer` mirrors CoMLRL 1.4.3's `MAGRPOConfig` (spec §6.1) field for field, including its
-defaults and validations; everything else is pipeline configuration. Every model is
-`extra="forbid"`, so a misspelt key fails with a message naming it. `load_config` reads a file,
-applies `--set a.b=c` overrides with the same dotted paths and validates, before any model loads.
+`trainer` mirrors CoMLRL 1.4.3's trainer configs (MAGRPOConfig, IACConfig, MAACConfig, MADPOConfig, MARLHFConfig and
+the iterative ones) field for field, including their defaults and validations; everything else is pipeline
+configuration. Each trainer field is declared once, with one set of limits and one description: `_TrainerBase` holds
+the fields every trainer has, `_CriticFields` / `_IACFields` the actor-critic ones (which MARLHF hands to a maac/iac
+backend, see `rl_trainer_fields`). A subclass re-declares a field only through `_override`: another default with the
+base's limits and description (a changed limit or description is spelt out there). Every model is `extra="forbid"`,
+so a misspelt key fails with a message naming it. `load_config` reads a file, applies `--set a.b=c` overrides with
+the same dotted paths and validates, before any model loads.
 """
 
 import json
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 ALGORITHM_ADVANTAGE = {"magrpo": "mean", "mareinforce": "raw", "marloo": "rloo", "maremax": "max"}
 """Each MAGRPO-family algorithm is MAGRPO with a different default `advantage_mode` (spec §2.2)."""
@@ -169,7 +174,21 @@ class FormatterConfig(_Strict):
         return self
 
 
-# --- trainer (the reference's MAGRPOConfig) -------------------------------------------------------
+# --- trainers: shared field sets -------------------------------------------------------------------
+
+
+_LIMITS = ("ge", "gt", "le", "lt")
+
+
+def field_limits(f: FieldInfo) -> dict[str, Any]:
+    """A field's numeric limits, e.g. {'ge': 1}."""
+    return {k: getattr(m, k) for m in f.metadata for k in _LIMITS if hasattr(m, k)}
+
+
+def _override(base: type[BaseModel], name: str, default: Any, description: str | None = None, **limits: Any) -> Any:
+    """`base`'s field `name` with another default; its limits and description are kept unless given."""
+    f = base.model_fields[name]
+    return Field(default, description=description or f.description, **(field_limits(f) | limits))
 
 
 def _parallel_mode(v: str | None) -> str:
@@ -180,52 +199,101 @@ def _parallel_mode(v: str | None) -> str:
     return v
 
 
-class MAGRPOConfig(_Strict):
-    """CoMLRL 1.4.3 `MAGRPOConfig` fields with the reference's defaults and checks (spec §6.1)."""
+class _TrainerBase(_Strict):
+    """The fields every trainer config has, with `MAGRPOConfig`'s defaults (the actor-critic configs override a
+    few defaults; the MAGRPO family narrows num_generations to >= 2)."""
 
     num_train_epochs: int = Field(20, ge=1, description="Passes over the training items.")
-    agent_learning_rate: float = Field(5e-6, gt=0, description="AdamW learning rate of every agent.")
+    agent_learning_rate: float = Field(5e-6, gt=0, description="AdamW learning rate of every agent (actor).")
     logging_steps: int = Field(50, ge=1, description="Minimum env_step gap between two training metric logs.")
     num_agents: int | None = Field(None, ge=1, description="Alias of agents.num_agents (must agree when both set).")
     parallel_training: str | None = Field(
         "none", description="none (agents in this process) | mp (one persistent worker process per agent; "
-                            "generate and update run concurrently; needs agent_devices).")
+                            "generate and update run concurrently; needs agent_devices, and critic_devices for "
+                            "critic models).")
     agent_devices: str | list[str] | None = Field(
         None, description="Device per agent for mp ('cpu', 'cuda:0', ...); a single value is broadcast.")
-    num_generations: int = Field(4, ge=2, description="K completions per agent per prompt (group baseline needs >= 2).")
+    num_generations: int = Field(4, ge=1, description="K samples per agent per prompt (the MAGRPO family needs >= 2 "
+                                                      "for its group baseline; multi-turn actor-critic needs 1).")
     max_new_tokens: int = Field(256, ge=1, description="Maximum generated tokens per completion.")
     temperature: float = Field(0.6, gt=0, description="Sampling temperature.")
     top_p: float = Field(0.6, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int | None = Field(50, ge=0, description="Top-k sampling; null (or 0) disables top-k entirely.")
-    num_turns: int = Field(2, ge=1, description="Turns per episode H; > 1 needs a transition (multi-turn).")
-    discount: float = Field(1.0, ge=0, le=1, description="gamma in return = reward + gamma * mean(child returns); "
-                                                         "1.0 = the reference's undiscounted returns.")
-    joint_mode: str = Field("aligned", description="aligned (K joint actions) | cross (K^N, Cartesian product); "
-                                                   "aliases align, crossed.")
+    num_turns: int = Field(2, ge=1, description="Turns per episode H; > 1 needs a transition (multi-turn; "
+                                                "actor-critic: and num_generations 1).")
+    discount: float = Field(1.0, ge=0, le=1, description="gamma of the returns: MAGRPO family reward + gamma * "
+                                                         "mean(child returns) (1.0 = undiscounted); actor-critic "
+                                                         "TD(0) targets and the logged MC returns.")
     early_termination_threshold: float | None = Field(
-        -0.2, description="Stop a branch when its node mean reward exceeds this (multi-turn only); null disables.")
+        -0.2, description="Stop a branch (actor-critic: an episode) when its turn's mean reward exceeds this "
+                          "(multi-turn only); null disables.")
     external_prompt_passthrough: bool = Field(False, description="Pass transition prompts to formatters unchanged.")
     eval_interval: int = Field(16, ge=0, description="Evaluate every this many training items (0 = off).")
     eval_num_samples: int = Field(4, ge=0, description="Eval items per evaluation.")
     eval_batch_size: int = Field(1, ge=1, description="Eval batch size (kept for compatibility; eval is batched).")
-    rollout_buffer_size: int = Field(2, ge=1, description="Node samples per agent collected before one update.")
-    train_batch_size: int | None = Field(None, ge=1, description="Minibatch size in node samples; null = rollout_buffer_size.")
-    advantage_normalization: bool = Field(True, description="z-normalize each group's advantages (population std).")
-    advantage_mode: str | None = Field(None, description="mean | raw | max | rloo; null = the algorithm's default.")
+    rollout_buffer_size: int = Field(2, ge=1, description="Samples (MAGRPO family: node samples) per agent collected "
+                                                          "before one update.")
+    train_batch_size: int | None = Field(None, ge=1, description="Minibatch size in samples; null = "
+                                                                 "rollout_buffer_size.")
+    advantage_normalization: bool = Field(True, description="z-normalize advantages over each group (MAGRPO family: "
+                                                            "a node's samples, population std; actor-critic: an "
+                                                            "update's).")
     reference_kl_enabled: bool = Field(
-        False, description="Subtract coef x k3-KL to a frozen copy of each agent's initial model from its returns.")
+        False, description="Subtract coef x k3-KL to a frozen copy of each agent's initial model from its returns "
+                           "(actor-critic: its rewards).")
     reference_kl_coef: float = Field(0.1, ge=0, description="KL penalty coefficient.")
     reference_devices: str | list[str] | None = Field(
         None, description="Devices of the reference models (one, or one per agent); null = the agents' devices.")
-    loss_on_padding: bool = Field(
-        True, description="The reference's exact loss: each completion padded to its node's longest with pad tokens, "
-                          "pads scored, each padded row's last token not (CoMLRL 1.4.3); false: every completion "
-                          "token up to EOS is scored and pads never are.")
 
     @field_validator("parallel_training")
     @classmethod
     def _parallel(cls, v: str | None) -> str:
         return _parallel_mode(v)
+
+    @property
+    def batch_size(self) -> int:
+        """Resolved train_batch_size (defaults to rollout_buffer_size: full-batch GD)."""
+        return self.train_batch_size or self.rollout_buffer_size
+
+
+class _CriticFields(_Strict):
+    """The critic fields of `IACConfig` and `MAACConfig` (MARLHF passes them to a maac/iac backend)."""
+
+    critic_learning_rate: float | None = Field(5e-6, gt=0, description="AdamW learning rate of the critic(s); "
+                                                                         "null = agent_learning_rate.")
+    critic_devices: str | list[str] | None = Field(None, description="Device(s) of the critic(s) for mp.")
+    critic_type: Literal["v", "q"] = Field("v", description="v: V(h) at the last prompt token; q: Q(h,a) at the "
+                                                            "last response token.")
+    value_loss_coef: float = Field(0.6, ge=0, description="Weight of the value loss.")
+    critic_value_head_hidden_dim: int | None = Field(
+        None, ge=1, description="Hidden dim of the critic's head (IAC: each separate critic's; MAAC: the central "
+                                "critic's, the reference's model_config key); null = the critic's hidden size.")
+
+
+class _IACFields(_Strict):
+    """The fields only `IACConfig` has (MARLHF passes them to an iac backend)."""
+
+    use_separate_critic: bool = Field(True, description="A separate critic LM + head per agent (else a value head "
+                                                        "on each actor, one optimizer, one joint loss).")
+    value_clip_range: float | None = Field(0.2, ge=0, description="PPO-style value clipping (shared-head mode only).")
+    value_head_hidden_dim: int | None = Field(None, ge=1, description="Hidden dim of the actor's value head "
+                                                                      "(shared mode); null = the LM hidden size.")
+
+
+# --- trainer (the reference's MAGRPOConfig) -------------------------------------------------------
+
+
+class MAGRPOConfig(_TrainerBase):
+    """CoMLRL 1.4.3 `MAGRPOConfig` fields with the reference's defaults and checks (spec §6.1)."""
+
+    num_generations: int = _override(_TrainerBase, "num_generations", 4, ge=2)
+    joint_mode: str = Field("aligned", description="aligned (K joint actions) | cross (K^N, Cartesian product); "
+                                                   "aliases align, crossed.")
+    advantage_mode: str | None = Field(None, description="mean | raw | max | rloo; null = the algorithm's default.")
+    loss_on_padding: bool = Field(
+        True, description="The reference's exact loss: each completion padded to its node's longest with pad tokens, "
+                          "pads scored, each padded row's last token not (CoMLRL 1.4.3); false: every completion "
+                          "token up to EOS is scored and pads never are.")
 
     @field_validator("joint_mode")
     @classmethod
@@ -248,72 +316,40 @@ class MAGRPOConfig(_Strict):
             raise ValueError("parallel_training='mp' requires agent_devices")
         return self
 
-    @property
-    def batch_size(self) -> int:
-        """Resolved train_batch_size (defaults to rollout_buffer_size: full-batch GD)."""
-        return self.train_batch_size or self.rollout_buffer_size
-
 
 class MAREINFORCEConfig(MAGRPOConfig):
     """CoMLRL's `MAREINFORCEConfig`: MAGRPOConfig with advantage_mode 'raw' (no baseline)."""
 
-    advantage_mode: str | None = Field("raw", description="mean | raw | max | rloo (MAREINFORCE: raw).")
+    advantage_mode: str | None = _override(MAGRPOConfig, "advantage_mode", "raw", "mean | raw | max | rloo "
+                                                                                  "(MAREINFORCE: raw).")
 
 
 class MARLOOConfig(MAGRPOConfig):
     """CoMLRL's `MARLOOConfig`: MAGRPOConfig with advantage_mode 'rloo' (leave-one-out baseline)."""
 
-    advantage_mode: str | None = Field("rloo", description="mean | raw | max | rloo (MARLOO: rloo).")
+    advantage_mode: str | None = _override(MAGRPOConfig, "advantage_mode", "rloo", "mean | raw | max | rloo "
+                                                                                   "(MARLOO: rloo).")
 
 
 class MAReMaxConfig(MAGRPOConfig):
     """CoMLRL's `MAReMaxConfig`: MAGRPOConfig with advantage_mode 'max' (group-max baseline)."""
 
-    advantage_mode: str | None = Field("max", description="mean | raw | max | rloo (MAReMax: max).")
+    advantage_mode: str | None = _override(MAGRPOConfig, "advantage_mode", "max", "mean | raw | max | rloo "
+                                                                                  "(MAReMax: max).")
 
 
 # --- trainer (the reference's IACConfig / MAACConfig) --------------------------------------------
 
 
-class ActorCriticConfig(_Strict):
+class ActorCriticConfig(_CriticFields, _TrainerBase):
     """Fields shared by CoMLRL 1.4.3's `IACConfig` and `MAACConfig` (spec §6.2–6.3), same defaults."""
 
-    num_train_epochs: int = Field(40, ge=1, description="Passes over the training items.")
-    agent_learning_rate: float = Field(5e-6, gt=0, description="AdamW learning rate of every actor.")
-    critic_learning_rate: float | None = Field(5e-6, gt=0, description="AdamW learning rate of the critic(s); "
-                                                                         "null = agent_learning_rate.")
-    logging_steps: int = Field(1, ge=1, description="Minimum env_step gap between two training metric logs.")
-    num_agents: int | None = Field(None, ge=1, description="Alias of agents.num_agents (must agree when both set).")
-    parallel_training: str | None = Field("none", description="none | mp (needs agent_devices and critic devices).")
-    agent_devices: str | list[str] | None = Field(None, description="Device per agent for mp; one value is broadcast.")
-    critic_devices: str | list[str] | None = Field(None, description="Device(s) of the critic(s) for mp.")
-    num_generations: int = Field(1, ge=1, description="Samples per agent per prompt (multi-turn needs 1).")
-    max_new_tokens: int = Field(256, ge=1, description="Maximum generated tokens per completion.")
-    temperature: float = Field(0.6, gt=0, description="Sampling temperature.")
-    top_p: float = Field(0.6, gt=0, le=1, description="Nucleus sampling mass.")
-    top_k: int | None = Field(None, ge=0, description="Top-k sampling; null (or 0) disables top-k.")
-    num_turns: int = Field(2, ge=1, description="Turns per episode; > 1 needs a transition and num_generations 1.")
-    discount: float = Field(0.9, ge=0, le=1, description="gamma of the TD(0) targets and the logged MC returns.")
-    critic_type: Literal["v", "q"] = Field("v", description="v: V(h) at the last prompt token; q: Q(h,a) at the "
-                                                            "last response token.")
-    early_termination_threshold: float | None = Field(
-        -0.2, description="Stop an episode when its turn's mean reward exceeds this (multi-turn); null disables.")
-    external_prompt_passthrough: bool = Field(False, description="Pass transition prompts to formatters unchanged.")
-    eval_interval: int = Field(16, ge=0, description="Evaluate every this many training items (0 = off).")
-    eval_num_samples: int = Field(4, ge=0, description="Eval items per evaluation.")
-    eval_batch_size: int = Field(1, ge=1, description="Eval batch size (kept for compatibility; eval is batched).")
-    rollout_buffer_size: int = Field(8, ge=1, description="Samples per agent collected before one update.")
-    train_batch_size: int | None = Field(None, ge=1, description="Minibatch size in samples; null = rollout_buffer_size.")
-    value_loss_coef: float = Field(0.6, ge=0, description="Weight of the value loss.")
-    advantage_normalization: bool = Field(True, description="z-normalize advantages over each update group.")
-    reference_kl_enabled: bool = Field(False, description="Shape rewards r - coef x k3-KL to a frozen initial copy.")
-    reference_kl_coef: float = Field(0.1, ge=0, description="KL penalty coefficient.")
-    reference_devices: str | list[str] | None = Field(None, description="Devices of the reference models.")
-
-    @field_validator("parallel_training")
-    @classmethod
-    def _parallel(cls, v: str | None) -> str:
-        return _parallel_mode(v)
+    num_train_epochs: int = _override(_TrainerBase, "num_train_epochs", 40)
+    logging_steps: int = _override(_TrainerBase, "logging_steps", 1)
+    num_generations: int = _override(_TrainerBase, "num_generations", 1)
+    top_k: int | None = _override(_TrainerBase, "top_k", None)
+    discount: float = _override(_TrainerBase, "discount", 0.9)
+    rollout_buffer_size: int = _override(_TrainerBase, "rollout_buffer_size", 8)
 
     @model_validator(mode="after")
     def _post_ac(self) -> "ActorCriticConfig":
@@ -325,26 +361,13 @@ class ActorCriticConfig(_Strict):
         return self
 
     @property
-    def batch_size(self) -> int:
-        """Resolved train_batch_size (defaults to rollout_buffer_size)."""
-        return self.train_batch_size or self.rollout_buffer_size
-
-    @property
     def critic_lr(self) -> float:
         """Resolved critic learning rate."""
         return self.critic_learning_rate or self.agent_learning_rate
 
 
-class IACConfig(ActorCriticConfig):
+class IACConfig(_IACFields, ActorCriticConfig):
     """CoMLRL 1.4.3 `IACConfig`: independent actor-critic, one critic per agent (spec §3.3, §6.2)."""
-
-    use_separate_critic: bool = Field(True, description="A separate critic LM + head per agent (else a value head "
-                                                        "on each actor, one optimizer, one joint loss).")
-    value_clip_range: float | None = Field(0.2, ge=0, description="PPO-style value clipping (shared-head mode only).")
-    value_head_hidden_dim: int | None = Field(None, ge=1, description="Hidden dim of the actor's value head "
-                                                                      "(shared mode); null = the LM hidden size.")
-    critic_value_head_hidden_dim: int | None = Field(None, ge=1, description="Hidden dim of each separate critic's "
-                                                                             "head; null = the critic's hidden size.")
 
     @model_validator(mode="after")
     def _post_iac(self) -> "IACConfig":
@@ -355,9 +378,6 @@ class IACConfig(ActorCriticConfig):
 
 class MAACConfig(ActorCriticConfig):
     """CoMLRL 1.4.3 `MAACConfig`: one centralized critic over the joint history (spec §3.4, §6.3)."""
-
-    critic_value_head_hidden_dim: int | None = Field(None, ge=1, description="Hidden dim of the central critic's "
-                                                                             "head (the reference's model_config key).")
 
     @model_validator(mode="after")
     def _post_maac(self) -> "MAACConfig":
@@ -537,9 +557,12 @@ RL_ALIASES = {"magrpo": "magrpo", "mareinforce": "mareinforce", "mareforce": "ma
 class MADPOConfig(MAGRPOConfig):
     """CoMLRL 1.4.3 `MADPOConfig` (spec §6.4): MAGRPOConfig's fields with single-turn defaults plus preferences."""
 
-    num_train_epochs: int = Field(20, ge=1, description="Passes over the preference pairs (DPO) / RL epochs (MARLHF).")
-    num_turns: int = Field(1, ge=1, le=1, description="Must be 1: the preference trainers are single-turn.")
-    early_termination_threshold: float | None = Field(None, description="Unused (single turn).")
+    num_train_epochs: int = _override(MAGRPOConfig, "num_train_epochs", 20, "Passes over the preference pairs (DPO) "
+                                                                             "/ RL epochs (MARLHF).")
+    num_turns: int = _override(MAGRPOConfig, "num_turns", 1, "Must be 1: the preference trainers are single-turn.",
+                               le=1)
+    early_termination_threshold: float | None = _override(MAGRPOConfig, "early_termination_threshold", None,
+                                                          "Unused (single turn).")
     collaboration_mode: str = Field("decentralized", description="decentralized: one policy per agent (the "
                                                                   "centralized joint actor is not supported here).")
     preference_num_candidates: int = Field(80, ge=2, description="P joint candidates sampled per item (aligned).")
@@ -562,13 +585,14 @@ class MADPOConfig(MAGRPOConfig):
         return self
 
 
-class MARLHFConfig(MADPOConfig):
-    """CoMLRL 1.4.3 `MARLHFConfig` (spec §6.5): a joint reward model fit on the pairs, then online RL on it."""
+class MARLHFConfig(_IACFields, _CriticFields, MADPOConfig):
+    """CoMLRL 1.4.3 `MARLHFConfig` (spec §6.5): a joint reward model fit on the pairs, then online RL on it (the
+    critic fields go to a maac/iac backend, see `rl_trainer_fields`)."""
 
     rl_algorithm: str = Field("magrpo", description="RL backend on the frozen reward model: magrpo | mareinforce | "
                                                     "maremax | marloo | maac | iac (alias mareforce).")
-    num_generations: int = Field(4, ge=1, description="K samples per agent in the RL phase (>= 2 for the MAGRPO "
-                                                      "family, >= 1 for maac/iac).")
+    num_generations: int = _override(_TrainerBase, "num_generations", 4, "K samples per agent in the RL phase (>= 2 "
+                                                                         "for the MAGRPO family, >= 1 for maac/iac).")
     reward_model_name: str | None = Field(None, description="Reward-model backbone ('tiny', dir or HF id); null = "
                                                             "the agents' model.")
     reward_model_device: str | None = Field(None, description="Device of the reward model; null = agents.device "
@@ -579,14 +603,7 @@ class MARLHFConfig(MADPOConfig):
     reward_max_length: int | None = Field(None, ge=1, description="Truncate reward-model inputs to this many tokens.")
     reward_freeze_backbone: bool = Field(False, description="Train only the linear head of the reward model.")
     critic_model_name: str | None = Field(None, description="Critic source for maac/iac; null = the agents' model.")
-    critic_learning_rate: float | None = Field(None, gt=0, description="Critic lr for maac/iac; null = agent lr.")
-    critic_devices: str | list[str] | None = Field(None, description="Critic devices for maac/iac in mp.")
-    use_separate_critic: bool = Field(True, description="iac backend: separate critics (else value heads).")
-    critic_type: Literal["v", "q"] = Field("v", description="maac/iac backend critic type.")
-    value_loss_coef: float = Field(0.6, gt=0, description="maac/iac backend value-loss weight.")
-    value_clip_range: float | None = Field(0.2, gt=0, description="iac backend value clipping (shared-head mode).")
-    critic_value_head_hidden_dim: int | None = Field(None, ge=1, description="maac/iac critic head hidden dim.")
-    value_head_hidden_dim: int | None = Field(None, ge=1, description="iac shared-head hidden dim.")
+    critic_learning_rate: float | None = _override(_CriticFields, "critic_learning_rate", None)
 
     @field_validator("rl_algorithm")
     @classmethod
@@ -659,11 +676,15 @@ class MADPOIterConfig(MADPOConfig):
     """CoMLRL 1.4.3 `MADPOIterConfig` (spec §6.6): rounds of target-vs-comparator pairs, replay, DPO."""
 
     num_iterations: int = Field(6, ge=1, description="Rounds (iterations); a scheduled run adds rounds up to this.")
-    num_train_epochs: int = Field(1, ge=1, description="DPO passes over each round's training pairs.")
-    preference_num_candidates: int = Field(20, ge=1, description="P target candidates per item per round.")
-    preference_pairs_per_sample: int | None = Field(4, ge=1, description="Pairs kept per item per round.")
-    pair_selection: Literal["comparator_reward", "reward_gap", "random", "all"] = Field(
-        "comparator_reward", description="comparator_reward (comparator reward, then gap) | reward_gap | random | all.")
+    num_train_epochs: int = _override(MADPOConfig, "num_train_epochs", 1, "DPO passes over each round's training "
+                                                                          "pairs.")
+    preference_num_candidates: int = _override(MADPOConfig, "preference_num_candidates", 20, "P target candidates "
+                                               "per item per round.", ge=1)
+    preference_pairs_per_sample: int | None = _override(MADPOConfig, "preference_pairs_per_sample", 4,
+                                                        "Pairs kept per item per round.")
+    pair_selection: Literal["comparator_reward", "reward_gap", "random", "all"] = _override(
+        MADPOConfig, "pair_selection", "comparator_reward", "comparator_reward (comparator reward, then gap) | "
+                                                            "reward_gap | random | all.")
     preference_replay_mode: str = Field("current", description="current | nearest_k | all_history | lambda_decay.")
     preference_replay_k: int | None = Field(None, description="Shards nearest_k samples from.")
     preference_replay_lambda: float | None = Field(None, description="lambda_decay's λ in [0, 1].")
@@ -734,10 +755,11 @@ class MARLHFIterConfig(MADPOIterConfig, MARLHFConfig):
     """CoMLRL 1.4.3 `MARLHFIterConfig` (spec §6.6): per round a fresh joint reward model on the round's training
     pairs, then the RL backend on it."""
 
-    num_train_epochs: int = Field(2, ge=1, description="RL epochs per round (over the training items).")
-    num_generations: int = MARLHFConfig.model_fields["num_generations"]
-    reward_num_train_epochs: int = Field(2, ge=1, description="Passes over the round's training pairs when fitting "
-                                                              "its fresh reward model.")
+    num_train_epochs: int = _override(MADPOIterConfig, "num_train_epochs", 2, "RL epochs per round (over the "
+                                                                              "training items).")
+    num_generations: int = MARLHFConfig.model_fields["num_generations"]  # not MADPOIterConfig's (MAGRPO's, >= 2)
+    reward_num_train_epochs: int = _override(MARLHFConfig, "reward_num_train_epochs", 2, "Passes over the round's "
+                                             "training pairs when fitting its fresh reward model.")
     preference_scoring_reward: Literal["task", "reward_model"] = Field(
         "task", description="What scores a round's candidates for its pairs: task | reward_model (the previous "
                             "round's reward model; round 1 falls back to the task reward).")
@@ -755,6 +777,23 @@ RUN_CONFIGS: dict[str, type[RunConfig]] = {"iac": IACRunConfig, "maac": MAACRunC
                                            "marlhf": MARLHFRunConfig, "madpo-iter": MADPOIterRunConfig,
                                            "marlhf-iter": MARLHFIterRunConfig}
 """Run config class per algorithm (the MAGRPO family uses RunConfig)."""
+
+
+def rl_trainer_fields(trainer: MARLHFConfig, rl_algorithm: str) -> dict[str, Any]:
+    """The trainer values a MARLHF(-iter) run hands to its `rl_algorithm`'s trainer config: every field the two
+    configs share, except loss_on_padding (the RL phase keeps its default); for maac/iac critic_learning_rate falls
+    back to agent_learning_rate and critic_devices (under mp) to agent_devices; the MAGRPO family gets joint_mode
+    'aligned' and advantage_mode null (the algorithm's default)."""
+    algo = RL_ALIASES[str(rl_algorithm).lower()]
+    target = RUN_CONFIGS.get(algo, RunConfig).model_fields["trainer"].annotation.model_fields
+    out = {k: getattr(trainer, k) for k in type(trainer).model_fields if k in target and k != "loss_on_padding"}
+    if algo in ("iac", "maac"):
+        mp_devices = trainer.agent_devices if trainer.parallel_training == "mp" else None
+        out.update(critic_learning_rate=trainer.critic_learning_rate or trainer.agent_learning_rate,
+                   critic_devices=trainer.critic_devices or mp_devices)
+    else:
+        out.update(joint_mode="aligned", advantage_mode=None)
+    return out
 
 
 # --- loading and overrides -----------------------------------------------------------------------

@@ -19,7 +19,8 @@ Kinds:
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "4"  # 2: rollouts.ref_kl; 3: rollouts.parent_node/parent_joint (trees); 4: scores.agent_rewards, ac_samples
+SCHEMA_VERSION = "5"  # 2: rollouts.ref_kl; 3: rollouts.parent_node/parent_joint (trees); 4: scores.agent_rewards,
+# ac_samples; 5: steps.signal/signal_kind (the learning-signal artifact of an update: advantages, ac_samples or pairs)
 
 _i32, _i64, _f64, _str, _bool = pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.bool_()
 
@@ -66,7 +67,7 @@ TABLES: dict[str, pa.Schema] = {
     ]),
     "steps": _schema("steps", [
         ("update", _i64), ("epoch", _i32), ("env_step", _i64), ("rollouts", _str), ("scores", _str),
-        ("advantages", _str), ("reward_mean", _f64),
+        ("signal", _str), ("signal_kind", _str), ("reward_mean", _f64),
     ]),
 }
 

@@ -48,7 +48,7 @@ def small_config(tmp: Path, **sections) -> dict:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny Qwen2 model + locally trained tokenizer (built once per session)."""
-    from stages.models import build_tiny_model
+    from stages.agents.models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 

@@ -2,7 +2,7 @@
 
 import time
 
-from stages.rewards import length_ratio
+from stages.score.rewards import length_ratio
 
 
 def slow_length_ratio(c1, c2):

@@ -4,12 +4,15 @@ import pytest
 import torch
 
 from schemas.config import ConfigError, validate_config
-from stages import train_online as T
-from stages.ac_targets import compute_targets, expand_rewards
-from stages.fit_critic import value_error
-from stages.models import LIVE, load_agent
-from stages.update_actor_critic import update_actor
-from stages.value_model import ValueHead, forward_values, joint_critic_text, new_head
+from artifacts import ArtifactStore
+from stages.loops.context import make_context
+from stages.loops.run import refit_critic
+from stages.loops.segment import peek_policies, train_segment
+from stages.score.ac_targets import compute_targets, expand_rewards
+from stages.fit.critic import value_error
+from stages.agents.models import load_agent
+from stages.update.actor_critic import update_actor
+from stages.agents.value_heads import ValueHead, forward_values, joint_critic_text, new_head
 from tests.conftest import small_config
 
 
@@ -46,7 +49,7 @@ def test_batched_v_and_q_readouts_match_single_sequence_forwards(lm):
     with torch.no_grad():
         v = forward_values(model, head, prompts, comps, tok.pad_token_id, "v")
         q, logp = forward_values(model, head, prompts, comps, tok.pad_token_id, "q", with_logprobs=True)
-        from stages.logprobs import sequence_logprobs
+        from stages.agents.logprobs import sequence_logprobs
 
         ref_logp = sequence_logprobs(model, prompts, comps, tok.pad_token_id)
     for b in range(2):  # V: last prompt token of the prompt alone; Q: last token of prompt + completion
@@ -108,7 +111,7 @@ def test_value_clipping_math():
 
 def test_non_finite_advantage_raises(lm):
     model, tok, head = lm
-    from stages.models import AgentState
+    from stages.agents.state import AgentState
 
     agent = AgentState(model, tok, 1e-3, value_head=head)
     s = {"step": 0, "turn": 0, "node_id": 0, "sample": 0, "prompt_ids": [5, 6], "completion_ids": [7],
@@ -182,32 +185,29 @@ def _weights(pol) -> dict[str, torch.Tensor]:
     ("maac", {"trainer": {"critic_type": "q"}}, ["critic/value_head.pt", "optimizer/critic.pt"]),
 ])
 def test_checkpoints_reload_and_continue_like_an_uninterrupted_run(tmp_path, algo, over, files):
-    from stages.build_taskset import build_taskset
+    from stages.tasks.taskset import build_taskset
 
     def run(data, reload_between: bool):
         cfg = validate_config(_cfg(data, checkpoint_every=1, **over), algo)
-        store = T.ArtifactStore(data / "artifacts")
-        ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
-        ckpt, key = None, ctx.start_key
-        LIVE.clear()
-        for i in range(len(ctx.segments)):
+        store = ArtifactStore(data / "artifacts")
+        ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
+        ckpt, key = None, ctx.plan.start_key
+        for i in range(len(ctx.plan.segments)):
             if reload_between:
-                LIVE.clear()  # the next segment loads the checkpoint from disk (weights, heads, optimizers)
-            res = T.train_segment(ctx, i, ckpt, key)
+                ctx.session.close()  # the next segment loads the checkpoint from disk (weights, heads, optimizers)
+            res = train_segment(ctx, i, ckpt, key)
             ckpt, key = res.checkpoint, res.checkpoint.key
-        return store.open_dir(ckpt), T.peek_policies(ctx, ckpt)
+        return store.open_dir(ckpt), peek_policies(ctx, ckpt)
 
     d1, pol1 = run(tmp_path / "a", False)
     for f in files:
         assert (d1 / f).is_file(), f
     w1 = _weights(pol1)
-    LIVE.clear()
     _, pol2 = run(tmp_path / "b", True)
     w2 = _weights(pol2)
     assert w1.keys() == w2.keys()
     bad = [k for k in w1 if not torch.equal(w1[k], w2[k])]
     assert not bad, bad[:5]
-    LIVE.clear()
 
 
 @pytest.mark.slow
@@ -215,52 +215,47 @@ def test_checkpoints_reload_and_continue_like_an_uninterrupted_run(tmp_path, alg
 def test_actor_critic_learns_the_length_ratio_task(tmp_path, algo):
     """The shipped IAC / MAAC configs: the shared length-ratio reward rises on the tiny model."""
     from schemas.config import load_config
-    from stages.run_direct import run_direct
+    from stages.loops.run import run_direct
 
     cfg = load_config(f"configs/{algo}-story.yaml", [f"data_dir={tmp_path}"], algorithm=algo)
-    LIVE.clear()
     s = run_direct(cfg)
     assert s["reward_last"] > s["reward_first"] + 0.2, s
     assert s["eval"]["eval/turn_1/reward_mean"] > 0.6, s["eval"]
-    LIVE.clear()
 
 
 def test_metrics_callback_domain_metrics_are_logged_per_update(tmp_path):
-    from stages.build_taskset import build_taskset
+    from stages.tasks.taskset import build_taskset
 
     cfg = validate_config(_cfg(tmp_path, metrics_callback="tests.helpers:char_length_metrics"), "maac")
-    store = T.ArtifactStore(tmp_path / "artifacts")
-    ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
-    LIVE.clear()
-    res = T.train_segment(ctx, 0, None, ctx.start_key)
+    store = ArtifactStore(tmp_path / "artifacts")
+    ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
+    res = train_segment(ctx, 0, None, ctx.plan.start_key)
     rows = [r for r in store.read_rows(res.metrics) if r["key"] in ("response_char_length_mean", "samples_seen")]
     assert [r["env_step"] for r in rows if r["key"] == "samples_seen"] == [2, 4]  # one per update (2 items each)
     assert all(r["value"] == 4.0 for r in rows if r["key"] == "samples_seen")  # 2 items x 2 agents x K=1
-    LIVE.clear()
 
 
 @pytest.mark.parametrize("algo", ["iac", "maac"])
 def test_refit_critic_from_stored_samples_lowers_value_loss_without_generating(tmp_path, algo):
-    from stages.build_taskset import build_taskset
-    from stages.run_direct import run_direct
+    from stages.tasks.taskset import build_taskset
+    from stages.loops.run import run_direct
 
     cfg = validate_config(_cfg(tmp_path, critic={"critic_model": "tiny", "refit_epochs": 8,
                                                  "refit_learning_rate": 3e-3}), algo)
-    LIVE.clear()
     run_direct(cfg)
-    store = T.ArtifactStore(tmp_path / "artifacts")
-    ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
-    ends = T.segment_end_keys(ctx)
-    before = dict(T.CALLS)
-    ref, m = T.refit_critic(ctx, store.find("checkpoint", ends[-1]), [store.find("steps", k) for k in ends])
-    assert T.CALLS["generate"] == before["generate"] and T.CALLS["fit_critic"] == before.get("fit_critic", 0) + 1
+    store = ArtifactStore(tmp_path / "artifacts")
+    ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
+    ends = list(ctx.end_keys)
+    before = dict(ctx.session.calls)
+    ref, m = refit_critic(ctx, store.find("checkpoint", ends[-1]), [store.find("steps", k) for k in ends])
+    calls = ctx.session.calls
+    assert calls["generate"] == before.get("generate", 0) and calls["fit_critic"] == before.get("fit_critic", 0) + 1
     assert m["critic_refit/value_loss_after"] < m["critic_refit/value_loss_before"]
     names = ["critic"] if algo == "maac" else ["agent_0", "agent_1"]
     assert all((store.open_dir(ref) / n / "value_head.pt").is_file() for n in names)
-    again, m2 = T.refit_critic(ctx, store.find("checkpoint", ends[-1]), [store.find("steps", k) for k in ends])
-    assert again.key == ref.key and T.CALLS["fit_critic"] == before.get("fit_critic", 0) + 1  # cached: not refit
+    again, m2 = refit_critic(ctx, store.find("checkpoint", ends[-1]), [store.find("steps", k) for k in ends])
+    assert again.key == ref.key and calls["fit_critic"] == before.get("fit_critic", 0) + 1  # cached: not refit
     assert m2["critic_refit/value_loss_after"] == pytest.approx(m["critic_refit/value_loss_after"], abs=1e-5)
-    LIVE.clear()
 
 
 @pytest.mark.parametrize("algo, devices", [("iac", {"critic_devices": ["cpu", "cpu"]}), ("maac", {"critic_devices": "cpu"})])
@@ -268,14 +263,11 @@ def test_mp_workers_match_in_process_actor_critic(tmp_path, algo, devices):
     """IAC critics live in the agents' worker processes, MAAC's critic in the main one: same results as in-process."""
     from safetensors.torch import load_file
 
-    from stages.run_direct import run_direct
+    from stages.loops.run import run_direct
 
-    LIVE.clear()
     local = run_direct(validate_config(_cfg(tmp_path / "local"), algo))
-    LIVE.clear()
     par = run_direct(validate_config(_cfg(tmp_path / "mp", trainer={"parallel_training": "mp",
                                                                       "agent_devices": ["cpu", "cpu"], **devices}), algo))
-    LIVE.clear()
     assert par["reward_last"] == local["reward_last"] and par["eval"] == local["eval"]
     sub = "agent_1/critic" if algo == "iac" else "critic"
     for d in ("agent_1", sub):
@@ -286,19 +278,18 @@ def test_mp_workers_match_in_process_actor_critic(tmp_path, algo, devices):
 
 @pytest.mark.parametrize("algo", ["iac", "maac"])
 def test_multi_turn_actor_critic_with_reference_kl_runs_td_targets_over_turns(tmp_path, algo):
-    from stages.build_taskset import build_taskset
-    from stages.run_direct import run_direct
+    from stages.tasks.taskset import build_taskset
+    from stages.loops.run import run_direct
 
     cfg = validate_config(_cfg(tmp_path, transition={"name": "plain"},
                                trainer={"num_turns": 2, "early_termination_threshold": None,
                                         "reference_kl_enabled": True, "reference_kl_coef": 0.5}), algo)
-    LIVE.clear()
     s = run_direct(cfg)
     assert s["env_steps"] == 4 * 2 and set(s["eval"]) >= {"eval/turn_2/reward_mean"}
-    store = T.ArtifactStore(tmp_path / "artifacts")
-    ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
-    steps = store.read_rows(store.find("steps", T.segment_end_keys(ctx)[-1]))
-    ac = [r for st in steps for r in store.read_rows(store.find("ac_samples", st["advantages"]))]
+    store = ArtifactStore(tmp_path / "artifacts")
+    ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
+    steps = store.read_rows(store.find("steps", list(ctx.end_keys)[-1]))
+    ac = [r for st in steps for r in store.read_rows(store.find(st["signal_kind"], st["signal"]))]
     by = {(r["item_id"], r["agent"], r["turn"]): r for r in ac}
     for (item, agent, turn), r in by.items():
         assert r["shaped_reward"] == pytest.approx(r["reward"] - 0.5 * r["ref_kl"])
@@ -309,24 +300,21 @@ def test_multi_turn_actor_critic_with_reference_kl_runs_td_targets_over_turns(tm
         else:
             assert r["value_target"] == pytest.approx(r["shaped_reward"])
     assert any(r["ref_kl"] > 0 for r in ac)  # the policy moved away from its frozen reference after update 1
-    keys = {r["key"] for r in store.read_rows(store.find("metrics", T.segment_end_keys(ctx)[-1]))}
+    keys = {r["key"] for r in store.read_rows(store.find("metrics", list(ctx.end_keys)[-1]))}
     assert {"turn_2/value_loss", "turn_2/reference_kl_mean", "turn_1/expected_return"} <= keys
-    LIVE.clear()
 
 
 def test_iac_critic_can_be_a_different_model_with_its_own_vocabulary(tmp_path):
-    from stages.build_taskset import build_taskset
-    from stages.models import build_tiny_model
+    from stages.tasks.taskset import build_taskset
+    from stages.agents.models import build_tiny_model
 
     other = build_tiny_model(tmp_path / "critic-model", hidden_size=48, num_layers=1, vocab_size=320)
     cfg = validate_config(_cfg(tmp_path, critic={"critic_model": str(other)}), "iac")
-    store = T.ArtifactStore(tmp_path / "artifacts")
-    ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
-    LIVE.clear()
-    res = T.train_segment(ctx, 0, None, ctx.start_key)
-    pol = LIVE.policies
+    store = ArtifactStore(tmp_path / "artifacts")
+    ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
+    res = train_segment(ctx, 0, None, ctx.plan.start_key)
+    pol = ctx.session.live.policies
     assert pol.agents[0].critic.same_vocab is False  # the critic re-tokenizes the texts with its own tokenizer
     assert pol.agents[0].critic.model.config.hidden_size == 48
     rows = [r for r in store.read_rows(res.metrics) if r["key"] == "turn_1/value_loss"]
     assert rows and all(r["value"] == r["value"] for r in rows)  # finite
-    LIVE.clear()

@@ -4,9 +4,10 @@ import pytest
 
 from artifacts import ArtifactStore
 from schemas.config import validate_config
-from stages.budget import BudgetExceeded, check, estimate, unreachable_turns_warning
-from stages.build_taskset import build_taskset
-from stages.train_online import CALLS, make_context
+from stages.loops.budget import BudgetExceeded, check, estimate, unreachable_turns_warning
+from stages.tasks.taskset import build_taskset
+from stages.loops.session import Session
+from stages.loops.context import make_context
 from tests.conftest import small_config
 
 
@@ -30,10 +31,11 @@ def test_cross_and_tree_counts():
 def test_over_budget_refused_before_any_model_loads(tmp_path):
     cfg = validate_config(small_config(tmp_path, max_sequences=10))
     store = ArtifactStore(tmp_path / "artifacts")
-    before = dict(CALLS)
+    session = Session()
     with pytest.raises(BudgetExceeded, match=r"16 sequences .* above max_sequences=10"):
-        make_context(cfg, store, build_taskset(cfg.taskset, store), sources=["unused"], source_ident={})
-    assert dict(CALLS) == before
+        make_context(cfg, store, build_taskset(cfg.taskset, store), sources=["unused"], source_ident={},
+                     session=session)
+    assert session.executed() == {} and session.live.policies is None
     with pytest.raises(BudgetExceeded):
         check(estimate(10, 0, 2, 2, 1, "aligned", 1, 1), 5)
     check(estimate(10, 0, 2, 2, 1, "aligned", 1, 1), 0)  # 0 = no limit

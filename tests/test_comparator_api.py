@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from stages.comparator_api import APIComparator
+from stages.rollout.comparator_api import APIComparator
 
 SEEN: list[dict] = []
 
@@ -104,10 +104,10 @@ def test_errors_402_4xx_timeout_and_retry(server):
 
 def test_api_comparator_in_a_round(server, tmp_path):
     from schemas.config import validate_config
-    from stages import train_iterative as I
-    from stages import train_online as T
-    from stages.build_taskset import build_taskset
-    from stages.models import LIVE
+    from stages.loops import rounds as I
+    from artifacts import ArtifactStore
+    from stages.loops.context import make_context
+    from stages.tasks.taskset import build_taskset
     from tests.conftest import small_config
 
     cfg = small_config(tmp_path)
@@ -115,11 +115,9 @@ def test_api_comparator_in_a_round(server, tmp_path):
                       "eval_num_samples": 2, "comparator_policy": "http", "comparator_api_url": f"{server}/gen",
                       "comparator_api_response_field": "data.items", "comparator_api_key": "hidden"}
     c = validate_config(cfg, "madpo-iter")
-    store = T.ArtifactStore(tmp_path / "artifacts")
-    ctx = T.make_context(c, store, build_taskset(c.taskset, store))
-    LIVE.clear()
+    store = ArtifactStore(tmp_path / "artifacts")
+    ctx = make_context(c, store, build_taskset(c.taskset, store))
     res = I.run_rounds(ctx)[0]
     rows = store.read_rows(res["shard"])
     texts = {r["chosen"] for r in rows} | {r["rejected"] for r in rows}
     assert any(t.startswith("g") for t in texts)  # the comparator's side came from the HTTP service
-    LIVE.clear()

@@ -318,3 +318,119 @@ def test_empty_file_is_empty_mapping(tmp_path):
     p = tmp_path / "empty.yaml"
     p.write_text("")
     assert read_config_file(p) == {}
+
+
+# --- one declaration per trainer field -------------------------------------------------------------
+
+
+DEFAULT_OVERRIDES = {
+    # class: fields it re-declares only for another default (and, for the preference trainers, their own wording)
+    "ActorCriticConfig": {"num_train_epochs", "logging_steps", "num_generations", "top_k", "discount",
+                          "rollout_buffer_size"},
+    "MAREINFORCEConfig": {"advantage_mode"}, "MARLOOConfig": {"advantage_mode"}, "MAReMaxConfig": {"advantage_mode"},
+    "MADPOConfig": {"num_train_epochs", "early_termination_threshold"},  # epochs over pairs; unused single-turn
+    "MARLHFConfig": {"critic_learning_rate"},  # null: the RL backend's critic falls back to agent_learning_rate
+    "MADPOIterConfig": {"num_train_epochs", "preference_pairs_per_sample"},
+    "MARLHFIterConfig": {"num_train_epochs", "reward_num_train_epochs",
+                         "num_generations"},  # MARLHF's, else MADPOIterConfig's inherited MAGRPO field would win
+}
+OTHER_OVERRIDES = {
+    # (class, field): a re-declaration that changes a limit or the type, and why
+    ("MAGRPOConfig", "num_generations"): "ge=2: the group baseline needs two samples",
+    ("MARLHFConfig", "num_generations"): "ge=1 again: maac/iac take 1 (its validator asks >= 2 of the MAGRPO family)",
+    ("MADPOConfig", "num_turns"): "le=1: the preference trainers are single-turn",
+    ("MADPOIterConfig", "preference_num_candidates"): "ge=1: pairs are target vs comparator",
+    ("MADPOIterConfig", "pair_selection"): "adds comparator_reward",
+}
+
+
+def _trainer_classes():
+    import schemas.config as C
+
+    return [c for c in vars(C).values() if isinstance(c, type) and issubclass(c, C._TrainerBase)]
+
+
+def test_each_trainer_field_is_declared_once():
+    import inspect
+
+    from schemas.config import field_limits
+
+    found = set()
+    for cls in _trainer_classes():
+        for name in inspect.get_annotations(cls):
+            base = next((b for b in cls.__mro__[1:] if name in inspect.get_annotations(b)), None)
+            if base is None:
+                continue
+            found.add((cls.__name__, name))
+            assert name in DEFAULT_OVERRIDES.get(cls.__name__, ()) or (cls.__name__, name) in OTHER_OVERRIDES, \
+                f"{cls.__name__}.{name} re-declares {base.__name__}.{name}"
+            if (cls.__name__, name) not in OTHER_OVERRIDES:
+                mine, theirs = cls.model_fields[name], base.model_fields[name]
+                assert field_limits(mine) == field_limits(theirs), f"{cls.__name__}.{name} limits"
+                assert mine.annotation == theirs.annotation, f"{cls.__name__}.{name} type"
+    listed = {(c, f) for c, fs in DEFAULT_OVERRIDES.items() for f in fs} | set(OTHER_OVERRIDES)
+    assert found == listed  # the allow-lists name exactly the re-declarations
+
+
+@pytest.mark.parametrize("field", ["value_loss_coef", "value_clip_range"])
+def test_value_limits_agree_across_trainer_configs(field):
+    from schemas.config import IACConfig, MARLHFConfig, field_limits
+
+    limits = {c.__name__: field_limits(c.model_fields[field]) for c in _trainer_classes() if field in c.model_fields}
+    assert {"IACConfig", "MARLHFConfig", "MARLHFIterConfig"} <= set(limits)
+    assert all(v == {"ge": 0} for v in limits.values()), limits  # the actor-critic trainers' limit
+    assert getattr(MARLHFConfig(**{field: 0}), field) == getattr(IACConfig(**{field: 0}), field) == 0
+
+
+def test_trainer_field_descriptions_are_one_line():
+    for cls in _trainer_classes():
+        for name, f in cls.model_fields.items():
+            assert f.description and "\n" not in f.description, f"{cls.__name__}.{name}"
+
+
+# --- MARLHF -> its RL backend's trainer config -----------------------------------------------------
+
+
+_RL_COMMON = {  # the MARLHF trainer below, field by field, as its RL backend gets it
+    "num_train_epochs": 20, "agent_learning_rate": 1e-4, "logging_steps": 50, "num_agents": None,
+    "parallel_training": "mp", "agent_devices": ["cpu", "cpu"], "num_generations": 3, "max_new_tokens": 256,
+    "temperature": 0.6, "top_p": 0.6, "top_k": 7, "num_turns": 1, "discount": 1.0,
+    "early_termination_threshold": None, "external_prompt_passthrough": False, "eval_interval": 16,
+    "eval_num_samples": 4, "eval_batch_size": 1, "rollout_buffer_size": 2, "train_batch_size": None,
+    "advantage_normalization": True, "reference_kl_enabled": False, "reference_kl_coef": 0.1,
+    "reference_devices": None,
+}
+
+
+@pytest.mark.parametrize("rl_algorithm, given, expected", [
+    ("magrpo", {}, {"joint_mode": "aligned", "advantage_mode": None}),
+    ("maremax", {}, {"joint_mode": "aligned", "advantage_mode": None}),
+    ("iac", {"use_separate_critic": True},
+     {"critic_learning_rate": 1e-4, "critic_type": "v", "value_loss_coef": 0.3, "critic_value_head_hidden_dim": None,
+      "critic_devices": ["cpu", "cpu"], "use_separate_critic": True, "value_clip_range": 0.2,
+      "value_head_hidden_dim": None}),
+    ("iac", {"use_separate_critic": False, "critic_learning_rate": 2e-5, "critic_devices": "cuda:1",
+             "value_clip_range": 0.0, "value_head_hidden_dim": 16},
+     {"critic_learning_rate": 2e-5, "critic_type": "v", "value_loss_coef": 0.3, "critic_value_head_hidden_dim": None,
+      "critic_devices": "cuda:1", "use_separate_critic": False, "value_clip_range": 0.0,
+      "value_head_hidden_dim": 16}),
+    ("maac", {"critic_type": "q", "critic_value_head_hidden_dim": 32},
+     {"critic_learning_rate": 1e-4, "critic_type": "q", "value_loss_coef": 0.3, "critic_value_head_hidden_dim": 32,
+      "critic_devices": ["cpu", "cpu"]}),
+])
+def test_rl_trainer_fields_match_the_hand_listed_mapping(rl_algorithm, given, expected):
+    from schemas.config import RUN_CONFIGS, MARLHFConfig, rl_trainer_fields
+
+    t = MARLHFConfig(rl_algorithm=rl_algorithm, agent_learning_rate=1e-4, num_generations=3, top_k=7,
+                     parallel_training="mp", agent_devices=["cpu", "cpu"], value_loss_coef=0.3, loss_on_padding=False,
+                     **given)
+    got = rl_trainer_fields(t, rl_algorithm)
+    assert got == {**_RL_COMMON, **expected}
+    RUN_CONFIGS.get(rl_algorithm, RunConfig).model_fields["trainer"].annotation.model_validate(got)
+
+
+def test_rl_trainer_fields_resolves_aliases():
+    from schemas.config import MARLHFConfig, rl_trainer_fields
+
+    t = MARLHFConfig(rl_algorithm="mareforce")
+    assert rl_trainer_fields(t, "mareforce") == rl_trainer_fields(t, "mareinforce") == rl_trainer_fields(t, "magrpo")

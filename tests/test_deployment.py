@@ -26,13 +26,14 @@ def _wait(pred, timeout: float, what: str) -> None:
 
 def _completed_rounds(cfg: dict, algorithm: str) -> int:
     from schemas.config import validate_config
-    from stages import train_iterative as I
-    from stages import train_online as T
-    from stages.build_taskset import build_taskset
+    from stages.loops import rounds as I
+    from artifacts import ArtifactStore
+    from stages.loops.context import make_context
+    from stages.tasks.taskset import build_taskset
 
     c = validate_config(cfg, algorithm)
-    store = T.ArtifactStore(Path(cfg["data_dir"]) / "artifacts")
-    return I.completed_rounds(T.make_context(c, store, build_taskset(c.taskset, store)))
+    store = ArtifactStore(Path(cfg["data_dir"]) / "artifacts")
+    return I.completed_rounds(make_context(c, store, build_taskset(c.taskset, store)))
 
 
 def _trigger(name: str, params: dict):

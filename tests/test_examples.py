@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from stages.models import LIVE
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -28,11 +27,7 @@ def test_example_runs(script, expect, tmp_path, monkeypatch, capsys, prefect_har
     monkeypatch.setenv("COOPFLOW_EXAMPLE_QUICK", "1")
     monkeypatch.setenv("COOPFLOW_EXAMPLE_OUT", str(tmp_path / "out"))
     monkeypatch.setattr("sys.argv", [str(REPO / "examples" / script)])
-    LIVE.clear()
-    try:
-        runpy.run_path(str(REPO / "examples" / script), run_name="__main__")
-    finally:
-        LIVE.clear()
+    runpy.run_path(str(REPO / "examples" / script), run_name="__main__")
     out = capsys.readouterr().out
     assert expect in out, out[-2000:]
     assert not (tmp_path / "mlruns").exists()  # MLflow artifacts stay under the data dir

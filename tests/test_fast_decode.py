@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, GenerationConfig
 
-from stages import fast_decode as FD
-from stages.generate_rollouts import SamplingConfig, generate_for_agent
-from stages.models import load_agent
+from stages.agents import decode as FD
+from stages.rollout.generate import SamplingConfig, generate_for_agent
+from stages.agents.models import load_agent
 
 PROMPTS = ["Once upon a time", "A dog", "the quick brown fox jumps over the lazy", "Hi"]
 

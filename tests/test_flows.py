@@ -3,15 +3,9 @@
 import pytest
 
 from schemas.config import ConfigError
-from stages import train_online as T
-from stages.models import LIVE
 from tests.conftest import small_config
 
 pytestmark = pytest.mark.slow
-
-
-def _delta(before: dict) -> dict:
-    return {k: v - before.get(k, 0) for k, v in T.CALLS.items() if v - before.get(k, 0)}
 
 
 @pytest.fixture(scope="module")
@@ -20,10 +14,8 @@ def first_run(prefect_harness, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("flow")
     cfg = small_config(tmp)
-    LIVE.clear()
-    before = dict(T.CALLS)
     summary = train_magrpo(config=cfg)
-    return cfg, summary, _delta(before)
+    return cfg, summary, summary["executed"]
 
 
 def test_flow_smoke_and_mlflow(first_run):
@@ -54,10 +46,7 @@ def test_cached_second_run_executes_no_stage(first_run):
     from flows.train import train_magrpo
 
     cfg, s, _ = first_run
-    LIVE.clear()
-    before = dict(T.CALLS)
     again = train_magrpo(config=cfg)
-    assert _delta(before) == {}
     assert again["executed"] == {} and again["run_key"] == s["run_key"]
     assert again["eval"] == s["eval"] and again["reward_last"] == s["reward_last"]
 
@@ -66,7 +55,6 @@ def test_mareinforce_flow_differs_only_in_advantage(first_run, tmp_path):
     from flows.train import train_mareinforce
 
     cfg, s, _ = first_run
-    LIVE.clear()
     out = train_mareinforce(config={**cfg, "data_dir": str(tmp_path)})
     assert out["algorithm"] == "mareinforce" and out["run_key"] != s["run_key"]
 
@@ -75,10 +63,8 @@ def test_rerun_evaluate_only(first_run):
     from flows.train import train_magrpo
 
     cfg, s, _ = first_run
-    LIVE.clear()
-    before = dict(T.CALLS)
     out = train_magrpo(config=cfg, stages=["evaluate"], refresh=["evaluate"])
-    assert _delta(before) == {"evaluate": 1}
+    assert out["executed"] == {"evaluate": 1}
     assert out["eval"] == s["eval"]  # seeded sampling: same checkpoint, same evaluation
 
 
@@ -86,21 +72,18 @@ def test_rescore_stored_rollouts_with_changed_reward(first_run):
     from flows.train import train_magrpo
 
     cfg, s, _ = first_run
-    before = dict(T.CALLS)
     changed = {**cfg, "reward": {"name": "tests.helpers:loose_length_ratio"}}
     out = train_magrpo(config=changed, stages=["score"], rescore_from=s["run_key"])
-    assert _delta(before) == {"score": 2}  # two updates re-scored, nothing generated or trained
+    assert out["executed"] == {"score": 2}  # two updates re-scored, nothing generated or trained
     assert out["rescore"]["updates"] == 2
 
 
 def test_invalid_config_fails_before_any_model_loads(prefect_harness, tmp_path):
     from flows.train import train_magrpo
 
-    before = dict(T.CALLS)
     bad = small_config(tmp_path, trainer={**small_config(tmp_path)["trainer"], "num_generations": 1})
     with pytest.raises(ConfigError, match="trainer.num_generations"):
         train_magrpo(config=bad)
-    assert _delta(before) == {}
     assert not (tmp_path / "artifacts").exists()
 
 
@@ -113,11 +96,9 @@ def test_continue_training_into_the_same_mlflow_run(prefect_harness, tmp_path):
 
     one = small_config(tmp_path / "a")
     three = {**one, "trainer": {**one["trainer"], "num_train_epochs": 3}}
-    LIVE.clear()
     first = train_magrpo(config=one)
-    before = dict(T.CALLS)
     cont = train_magrpo(config=three, continue_run=first["mlflow_run_id"])
-    assert _delta(before).get("generate") == 4  # epochs 2 and 3 only (2 updates each)
+    assert cont["executed"].get("generate") == 4  # epochs 2 and 3 only (2 updates each)
     assert cont["mlflow_run_id"] == first["mlflow_run_id"]
     client = MlflowClient(tracking_uri=f"sqlite:///{one['data_dir']}/mlflow.db")
     hist = client.get_metric_history(first["mlflow_run_id"], "turn_1/reward_mean")
@@ -125,7 +106,6 @@ def test_continue_training_into_the_same_mlflow_run(prefect_harness, tmp_path):
     run = client.get_run(first["mlflow_run_id"])
     assert run.data.tags["coopflow.run_key"] == cont["run_key"]
     assert run.data.tags["continued.trainer.num_train_epochs"] == "1 -> 3"
-    LIVE.clear()
     straight = train_magrpo(config={**three, "data_dir": str(tmp_path / "b")})
     assert straight["run_key"] == cont["run_key"]
     wa, wb = _weights(__import__("pathlib").Path(cont["checkpoint"])), _weights(
@@ -143,11 +123,9 @@ def test_multi_turn_flow_logs_per_turn_metrics_and_the_early_termination_warning
 
     cfg = small_config(tmp_path, transition={"name": "feedback"})
     cfg["trainer"] = {**cfg["trainer"], "num_turns": 2, "early_termination_threshold": -0.2}
-    LIVE.clear()
     s = train_magrpo(config=cfg)  # the reference default: every branch stops after turn 1, with a warning
     assert s["env_steps"] == 4 * 2 and "no branch ever reaches turn 2" in s["warnings"][0]
     assert set(s["eval"]) >= {"eval/turn_2/reward_mean", "eval/turn_1/expected_return"}
-    LIVE.clear()
     s = train_magrpo(config=cfg, overrides={"trainer.early_termination_threshold": None})
     assert s["env_steps"] == 4 * (2 + 2 * 2) and s["warnings"] == []
     client = MlflowClient(tracking_uri=f"sqlite:///{cfg['data_dir']}/mlflow.db")
@@ -164,7 +142,6 @@ def test_actor_critic_flows_log_the_reference_metric_names(prefect_harness, tmp_
     cfg = small_config(tmp_path, critic={"critic_model": "tiny"})
     cfg["trainer"] = {"num_train_epochs": 1, "num_turns": 1, "max_new_tokens": 8, "rollout_buffer_size": 2,
                       "eval_interval": 0, "eval_num_samples": 2, "agent_learning_rate": 1e-3}
-    LIVE.clear()
     s = FLOWS[f"train-{algo}"](config=cfg)
     assert s["env_steps"] == 4  # K=1: one joint sample per item
     run = MlflowClient(tracking_uri=f"sqlite:///{cfg['data_dir']}/mlflow.db").get_run(s["mlflow_run_id"])
@@ -175,7 +152,6 @@ def test_actor_critic_flows_log_the_reference_metric_names(prefect_harness, tmp_
     if algo == "maac":
         assert "turn_1/epoch_reward_mean" in names and "turn_1/epoch_value_loss" in names
     assert run.data.params["algorithm"] == algo and run.data.params["critic.critic_model"] == "tiny"
-    LIVE.clear()
     again = FLOWS[f"train-{algo}"](config=cfg, stages=["critic"])  # re-fit the critic(s) from stored samples
     assert again["executed"] == {"fit_critic": 1} and "critic_refit/value_loss_after" in again["critic_refit"]
 
@@ -192,7 +168,6 @@ def test_preference_flows_track_pairs_and_rerun_only_downstream(prefect_harness,
                       "eval_interval": 0, "eval_num_samples": 2, "logging_steps": 1}
     if algo == "marlhf":
         cfg["trainer"].update(num_generations=2, rollout_buffer_size=2)
-    LIVE.clear()
     s = FLOWS[f"train-{algo}"](config=cfg)
     assert s["executed"]["generate"] >= 1 and s["pair_count"] >= 1 and "eval/turn_1/reward_mean" in s["eval"]
     run = MlflowClient(tracking_uri=f"sqlite:///{cfg['data_dir']}/mlflow.db").get_run(s["mlflow_run_id"])
@@ -204,7 +179,6 @@ def test_preference_flows_track_pairs_and_rerun_only_downstream(prefect_harness,
         assert {"reward_model/accuracy", "reward_model/margin", "turn_1/reward_mean"} <= names
         over = {"trainer.reward_learning_rate": 3e-5}
     assert run.data.tags["lineage.pairs"].startswith("pairs/")
-    LIVE.clear()
     again = FLOWS[f"train-{algo}"](config=cfg, overrides=over)
     assert "pairs" not in again["executed"]  # candidates, scores and pairs come from the store
     if algo == "madpo":
@@ -222,9 +196,7 @@ def test_madpo_iter_flow_one_round_per_run_into_one_parent_mlflow_run(prefect_ha
     cfg["trainer"] = {"num_iterations": 3, "agent_learning_rate": 1e-3, "max_new_tokens": 8, "temperature": 1.0,
                       "preference_num_candidates": 4, "train_batch_size": 4, "eval_num_samples": 2,
                       "log_reward_distribution": True}
-    LIVE.clear()
     a = train_madpo_iter(config=cfg, max_new_rounds=1)
-    LIVE.clear()
     b = train_madpo_iter(config=cfg, max_new_rounds=1)  # as a scheduled deployment run would
     assert (a["ran_rounds"], b["ran_rounds"]) == ([1], [2]) and b["completed_rounds"] == 2
     assert a["mlflow_run_id"] == b["mlflow_run_id"]  # every round of one experiment under one parent run
@@ -247,7 +219,6 @@ def test_marlhf_iter_flow_logs_each_rounds_rl_metrics_in_its_child_run(prefect_h
                       "preference_num_candidates": 4, "num_generations": 2, "num_train_epochs": 1,
                       "rollout_buffer_size": 2, "reward_num_train_epochs": 1, "reward_train_batch_size": 4,
                       "eval_num_samples": 2}
-    LIVE.clear()
     a = train_marlhf_iter(config=cfg, max_new_rounds=1)
     assert a["algorithm"] == "marlhf-iter" and a["ran_rounds"] == [1] and "eval/turn_1/reward_mean" in a["eval"]
     client = MlflowClient(tracking_uri=f"sqlite:///{cfg['data_dir']}/mlflow.db")
@@ -255,4 +226,3 @@ def test_marlhf_iter_flow_logs_each_rounds_rl_metrics_in_its_child_run(prefect_h
     assert parent.data.tags["coopflow.algorithm"] == "marlhf-iter"
     kid = client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")[0]
     assert {"reward_model/accuracy", "turn_1/reward_mean", "rl/rm_reward_last"} <= set(kid.data.metrics)
-    LIVE.clear()

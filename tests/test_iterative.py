@@ -3,10 +3,11 @@
 import pytest
 
 from schemas.config import ConfigError, validate_config
-from stages import train_iterative as I
-from stages import train_online as T
-from stages.build_taskset import build_taskset
-from stages.models import LIVE
+from stages.loops import rounds as I
+from artifacts import ArtifactStore
+from stages.loops.context import formatters_for, make_context
+from stages.loops.segment import acquire_policies, evaluate
+from stages.tasks.taskset import build_taskset
 from tests.conftest import small_config
 
 
@@ -15,8 +16,8 @@ def _ctx(tmp_path, **trainer):
     cfg["trainer"] = {"num_iterations": 3, "agent_learning_rate": 1e-3, "max_new_tokens": 8, "temperature": 1.0,
                       "preference_num_candidates": 4, "train_batch_size": 4, "eval_num_samples": 2, **trainer}
     c = validate_config(cfg, "madpo-iter")
-    store = T.ArtifactStore(tmp_path / "artifacts")
-    return T.make_context(c, store, build_taskset(c.taskset, store))
+    store = ArtifactStore(tmp_path / "artifacts")
+    return make_context(c, store, build_taskset(c.taskset, store))
 
 
 def test_iterative_config_rules():
@@ -37,7 +38,6 @@ def test_iterative_config_rules():
 def test_rounds_write_shards_replay_and_resume_one_round_per_run(tmp_path):
     ctx = _ctx(tmp_path, comparator_policy="history", preference_replay_mode="all_history",
                log_reward_distribution=True)
-    LIVE.clear()
     first = I.run_rounds(ctx, max_new_rounds=1)  # a scheduled run: exactly the next round
     assert [r["cached"] for r in first] == [False] and I.completed_rounds(ctx) == 1
     drift = first[0]["drift"]
@@ -45,7 +45,7 @@ def test_rounds_write_shards_replay_and_resume_one_round_per_run(tmp_path):
     assert drift["candidate"]["target"]["sample_count"] == 4 * 4  # items x P
     shard1 = ctx.store.read_rows(first[0]["shard"])
     assert shard1 and {"prompt", "chosen", "rejected"} <= set(shard1[0])
-    LIVE.clear()  # a new process: the second scheduled run resumes from the store
+    ctx.session.close()  # a new process: the second scheduled run resumes from the store
     second = I.run_rounds(ctx, max_new_rounds=1)
     assert [r["cached"] for r in second] == [True, False] and I.completed_rounds(ctx) == 2
     m = {r["key"]: r["value"] for r in ctx.store.read_rows(second[1]["metrics"])}
@@ -54,18 +54,15 @@ def test_rounds_write_shards_replay_and_resume_one_round_per_run(tmp_path):
     assert "eval/turn_1/reward_mean" in m and "iter/reward_distribution/target_mean" in m
     # earlier rounds' shards and checkpoints are untouched by later runs
     assert ctx.store.read_rows(ctx.store.find("pairs", I.round_keys(ctx)[0])) == shard1
-    LIVE.clear()
 
 
 def test_history_comparator_falls_back_to_the_initial_agents_and_model_comparator_loads(tmp_path):
     ctx = _ctx(tmp_path / "h", comparator_policy="history", comparator_history_k=2, num_iterations=1)
-    LIVE.clear()
     comp, same = I._comparator(ctx, 1, I.round_keys(ctx), None)  # round 1 - 2 < 1: the initial agents
     assert same is False and comp.n == 2
     ctx2 = _ctx(tmp_path / "m", comparator_policy="model", comparator_model_name="tiny", num_iterations=1)
     out = I.run_rounds(ctx2)
     assert len(out) == 1 and ctx2.store.read_rows(out[0]["shard"]) is not None
-    LIVE.clear()
 
 
 def test_current_copy_comparator_uses_the_agents_on_their_own_devices_else_a_copy(tmp_path):
@@ -82,12 +79,14 @@ def test_current_copy_comparator_uses_the_agents_on_their_own_devices_else_a_cop
 _ROUNDS_SCRIPT = """
 import json, sys
 from schemas.config import validate_config
-from stages import train_iterative as I
-from stages import train_online as T
-from stages.build_taskset import build_taskset
+from stages.loops import rounds as I
+from artifacts import ArtifactStore
+from stages.loops.context import formatters_for, make_context
+from stages.loops.segment import acquire_policies, evaluate
+from stages.tasks.taskset import build_taskset
 c = validate_config(json.loads(sys.argv[1]), "madpo-iter")
-store = T.ArtifactStore(c.data_dir + "/artifacts")
-ctx = T.make_context(c, store, build_taskset(c.taskset, store))
+store = ArtifactStore(c.data_dir + "/artifacts")
+ctx = make_context(c, store, build_taskset(c.taskset, store))
 I.run_rounds(ctx)
 """
 
@@ -109,11 +108,9 @@ def test_a_process_killed_mid_round_resumes_from_the_last_completed_round(tmp_pa
     repo = Path(__file__).resolve().parents[1]
 
     c = validate_config(cfg, "madpo-iter")
-    store = T.ArtifactStore(tmp_path / "artifacts")
-    ctx = T.make_context(c, store, build_taskset(c.taskset, store))
-    LIVE.clear()
+    store = ArtifactStore(tmp_path / "artifacts")
+    ctx = make_context(c, store, build_taskset(c.taskset, store))
     I.run_rounds(ctx, max_new_rounds=1)  # round 1, in this process
-    LIVE.clear()
     keys = I.round_keys(ctx)
     shard1, ckpt1 = store.read_rows(store.find("pairs", keys[0])), store.find("checkpoint", keys[0]).sha256
     # round 2 in a separate process, SIGKILLed while scoring its candidates
@@ -123,7 +120,6 @@ def test_a_process_killed_mid_round_resumes_from_the_last_completed_round(tmp_pa
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert I.completed_rounds(ctx) == 1
     I.run_rounds(ctx)  # the next run (here: in this process) resumes
-    LIVE.clear()
     assert I.completed_rounds(ctx) == 2
     assert store.read_rows(store.find("pairs", keys[0])) == shard1  # round 1 is untouched ...
     assert store.find("checkpoint", keys[0]).sha256 == ckpt1
@@ -137,20 +133,18 @@ def _rlhf_ctx(tmp_path, **trainer):
                       "rollout_buffer_size": 2, "reward_learning_rate": 1e-3, "reward_num_train_epochs": 1,
                       "reward_train_batch_size": 4, "eval_num_samples": 2, **trainer}
     c = validate_config(cfg, "marlhf-iter")
-    store = T.ArtifactStore(tmp_path / "artifacts")
-    return T.make_context(c, store, build_taskset(c.taskset, store))
+    store = ArtifactStore(tmp_path / "artifacts")
+    return make_context(c, store, build_taskset(c.taskset, store))
 
 
 def test_marlhf_iter_fits_a_fresh_reward_model_per_round_and_scores_round_2_with_round_1s(tmp_path):
-    from stages.fit_reward_model import joint_text
-    from stages.train_preference import load_rm_reward
+    from stages.fit.reward_model import joint_text
+    from stages.loops.preference import load_rm_reward
 
     ctx = _rlhf_ctx(tmp_path, preference_scoring_reward="reward_model", preference_replay_mode="all_history")
-    LIVE.clear()
-    calls0 = dict(T.CALLS)
     out = I.run_rounds(ctx)
     assert [r["cached"] for r in out] == [False, False] and I.completed_rounds(ctx) == 2
-    assert T.CALLS["fit_reward_model"] - calls0.get("fit_reward_model", 0) == 2  # a fresh RM each round
+    assert ctx.session.calls["fit_reward_model"] == 2  # a fresh RM each round
     keys = I.round_keys(ctx)
     rms = [ctx.store.find("reward_model", I.rm_round_key(k)) for k in keys]
     assert all(rms) and rms[0].key != rms[1].key
@@ -168,10 +162,8 @@ def test_marlhf_iter_fits_a_fresh_reward_model_per_round_and_scores_round_2_with
     both = sorted((x for x in shard2 if x["pair_id"] == row["pair_id"]), key=lambda x: x["agent"])
     texts = [joint_text([x["prompt"] for x in both], [x["chosen"] for x in both])]
     assert abs(float(rm1.rm.score_texts(texts)[0]) - row["winner_reward"]) < 1e-4
-    LIVE.clear()
     again = I.run_rounds(ctx)  # a rerun resumes: nothing runs
     assert [r["cached"] for r in again] == [True, True]
-    LIVE.clear()
 
 
 @pytest.mark.slow
@@ -179,16 +171,14 @@ def test_marlhf_iter_fits_a_fresh_reward_model_per_round_and_scores_round_2_with
 def test_marlhf_iter_runs_actor_critic_backends_across_rounds(tmp_path, backend):
     extra = {"use_separate_critic": False} if backend == "iac" else {}
     ctx = _rlhf_ctx(tmp_path, rl_algorithm=backend, num_generations=1, **extra)
-    LIVE.clear()
     out = I.run_rounds(ctx, max_new_rounds=1)
-    LIVE.clear()  # round 2 starts in a new process: weights only from round 1's checkpoint, fresh critics
+    ctx.session.close()  # round 2 starts in a new process: weights only from round 1's checkpoint, fresh critics
     out = I.run_rounds(ctx)
     assert [r["cached"] for r in out] == [True, False]
     m = {x["key"]: x["value"] for x in ctx.store.read_rows(out[1]["metrics"])}
     assert m["rl/updates"] >= 1 and "eval/turn_1/reward_mean" in m
     rl = {x["key"] for ref in out[1]["rl_metrics"] for x in ctx.store.read_rows(ref)}
     assert "turn_1/value_loss" in rl
-    LIVE.clear()
 
 
 @pytest.mark.slow
@@ -198,17 +188,15 @@ def test_iterative_madpo_improves_the_length_ratio_reward_over_3_rounds(tmp_path
     cfg = load_config("configs/madpo-iter-story.yaml", [f"data_dir={tmp_path}", "trainer.num_iterations=3",
                                                         "taskset.num_eval_items=16", "trainer.eval_num_samples=16"],
                       algorithm="madpo-iter")
-    store = T.ArtifactStore(tmp_path / "artifacts")
-    ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
-    LIVE.clear()
-    pol = T.acquire_policies(ctx, None, ctx.start_key)
-    _, before = T.evaluate(pol, ctx.eval_items, T.formatters_for(ctx, pol), ctx.sampling, ctx.caller,
+    store = ArtifactStore(tmp_path / "artifacts")
+    ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
+    pol = acquire_policies(ctx, None, ctx.plan.start_key)
+    _, before = evaluate(pol, ctx.eval_items, formatters_for(ctx, pol), ctx.sampling, ctx.caller,
                            ctx.processor, 123, ctx.episode)
-    LIVE.put(ctx.start_key, pol)
+    ctx.session.live.put(ctx.plan.start_key, pol)
     rounds = [{x["key"]: x["value"] for x in store.read_rows(r["metrics"])} for r in I.run_rounds(ctx)]
     # the task reward of the agents' own candidates (64 joint answers per round) rises round over round ...
     target = [m["iter/reward_distribution/target_mean"] for m in rounds]
     assert target[2] > target[0] + 0.08, target
     # ... and so does the evaluation reward against the initial agents
     assert rounds[2]["eval/turn_1/reward_mean"] > before["eval/turn_1/reward_mean"] + 0.15, (before, rounds)
-    LIVE.clear()

@@ -6,12 +6,15 @@ import pytest
 import torch
 
 from schemas.config import ConfigError, validate_config
-from stages import train_online as T
-from stages import train_preference as P
-from stages.build_pairs import build_pairs, select_pairs
-from stages.fit_reward_model import bt_loss, fit_reward_model, joint_text, load_reward_model, rank_metrics
-from stages.models import LIVE, AgentState, load_agent
-from stages.update_dpo import dpo_loss, dpo_step, trim_at_pad
+from artifacts import ArtifactStore
+from stages.loops.context import formatters_for, make_context
+from stages.loops.segment import evaluate
+from stages.loops import preference as P
+from stages.score.pairs import build_pairs, select_pairs
+from stages.fit.reward_model import bt_loss, fit_reward_model, joint_text, load_reward_model, rank_metrics
+from stages.agents.models import load_agent
+from stages.agents.state import AgentState
+from stages.update.dpo import dpo_loss, dpo_step, trim_at_pad
 from tests.conftest import small_config
 
 R = [0.0, 0.5, 0.5, 1.0]  # candidates 1 and 2 tie
@@ -131,94 +134,74 @@ def _cfg(tmp_path, algo, **trainer):
     return validate_config(cfg, algo)
 
 
-def _delta(before):
-    return {k: v - before.get(k, 0) for k, v in T.CALLS.items() if v - before.get(k, 0)}
-
-
 def test_no_pairs_is_a_clear_message(tmp_path):
     cfg = _cfg(tmp_path, "madpo")
     cfg.reward.name = "tests.helpers:constant_reward"
-    LIVE.clear()
     with pytest.raises(P.NoPairs, match="no preference pairs: every item's candidates tied"):
         P.run_preference_direct(cfg)
 
 
 def test_madpo_reruns_only_what_a_change_touches(tmp_path):
-    LIVE.clear()
     first = P.run_preference_direct(_cfg(tmp_path, "madpo"))
     assert first["env_steps"] == 2 * first["pair_count"]  # environment_steps_per_pair x pairs, one epoch
-    LIVE.clear()
-    b = dict(T.CALLS)
-    P.run_preference_direct(_cfg(tmp_path, "madpo", dpo_beta=0.3, agent_learning_rate=2e-3))
-    d = _delta(b)
+    d = P.run_preference_direct(_cfg(tmp_path, "madpo", dpo_beta=0.3, agent_learning_rate=2e-3))["executed"]
     assert "generate" not in d and "score" not in d and "pairs" not in d
     assert d["update"] >= 1 and d["evaluate"] == 1
-    LIVE.clear()
-    b = dict(T.CALLS)
     again = P.run_preference_direct(_cfg(tmp_path, "madpo", pair_selection="random"))
-    d = _delta(b)
+    d = again["executed"]
     assert d["pairs"] == 1 and "generate" not in d and "score" not in d and again["candidates"] == first["candidates"]
-    LIVE.clear()
 
 
 def test_marlhf_reruns_only_the_reward_model_and_downstream(tmp_path):
-    LIVE.clear()
     first = P.run_preference_direct(_cfg(tmp_path, "marlhf"))
     assert set(first["reward_model_metrics"]) >= {"reward_model/accuracy", "reward_model/margin"}
     assert set(first["eval"]) == {"eval/turn_1/reward_mean", "eval/turn_1/expected_return"}
-    LIVE.clear()
-    b = dict(T.CALLS)
     again = P.run_preference_direct(_cfg(tmp_path, "marlhf", reward_learning_rate=3e-5))
-    d = _delta(b)
+    d = again["executed"]
     assert d["fit_reward_model"] == 1 and "pairs" not in d and d["update"] >= 1
     # no new candidates; of the RL phase's 2 updates the first reuses its rollouts (they depend only on the
     # initial policy, not on the reward model), the second generates anew
     assert d["generate"] == 1
     assert again["pairs"] == first["pairs"] and again["reward_model"] != first["reward_model"]
-    LIVE.clear()
 
 
 @pytest.mark.slow
 def test_madpo_moves_the_task_reward(tmp_path):
     """The shipped MADPO config: the trained agents' eval reward beats the initial agents' (same eval seed)."""
     from schemas.config import load_config
-    from stages.build_taskset import build_taskset
-    from stages.generate_rollouts import derive_seed
-    from stages.models import load_policies
+    from stages.tasks.taskset import build_taskset
+    from stages.common.seeds import derive_seed
+    from stages.agents.models import load_policies
 
     cfg = load_config("configs/madpo-story.yaml", [f"data_dir={tmp_path}"], algorithm="madpo")
-    LIVE.clear()
     after = P.run_preference_direct(cfg)["eval"]["eval/turn_1/reward_mean"]
-    store = T.ArtifactStore(tmp_path / "artifacts")
-    ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
+    store = ArtifactStore(tmp_path / "artifacts")
+    ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
     pol = load_policies(ctx.sources, 1e-3)
-    _, before = T.evaluate(pol, ctx.eval_items[:cfg.trainer.eval_num_samples], T.formatters_for(ctx, pol),
+    _, before = evaluate(pol, ctx.eval_items[:cfg.trainer.eval_num_samples], formatters_for(ctx, pol),
                            ctx.sampling, ctx.caller, ctx.processor, derive_seed(cfg.seed, "final-eval"), ctx.episode)
     assert after > before["eval/turn_1/reward_mean"] + 0.05, (before, after)
-    LIVE.clear()
 
 
 @pytest.mark.slow
 def test_marlhf_moves_the_task_reward(tmp_path):
     """The shipped MARLHF config: RL on the fitted reward model raises the *task* reward (same eval seed)."""
     from schemas.config import load_config
-    from stages.build_taskset import build_taskset
-    from stages.generate_rollouts import derive_seed
-    from stages.models import load_policies
+    from stages.tasks.taskset import build_taskset
+    from stages.common.seeds import derive_seed
+    from stages.agents.models import load_policies
 
     cfg = load_config("configs/marlhf-story.yaml", [f"data_dir={tmp_path}"], algorithm="marlhf")
-    LIVE.clear()
     out = P.run_preference_direct(cfg)
     assert out["reward_model_metrics"]["reward_model/accuracy"] > 0.9  # the RM ranks its training pairs
     assert out["rm_reward_last"] > out["rm_reward_first"]  # RL climbs the reward model ...
-    store = T.ArtifactStore(tmp_path / "artifacts")
-    ctx = T.make_context(cfg, store, build_taskset(cfg.taskset, store))
+    store = ArtifactStore(tmp_path / "artifacts")
+    ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
     pol = load_policies(ctx.sources, 1e-3)
-    _, before = T.evaluate(pol, ctx.eval_items[:cfg.trainer.eval_num_samples], T.formatters_for(ctx, pol),
+    _, before = evaluate(pol, ctx.eval_items[:cfg.trainer.eval_num_samples], formatters_for(ctx, pol),
                            ctx.sampling, ctx.caller, ctx.processor, derive_seed(cfg.seed, "final-eval"), ctx.episode)
     after = out["eval"]["eval/turn_1/reward_mean"]
     assert after > before["eval/turn_1/reward_mean"] + 0.1, (before, after)  # ... and the task reward follows
-    LIVE.clear()
 
 
 @pytest.mark.parametrize("rl", ["maac", "iac"])
@@ -226,9 +209,7 @@ def test_marlhf_actor_critic_backends(tmp_path, rl):
     cfg = _cfg(tmp_path, "marlhf", rl_algorithm=rl, num_generations=1, critic_learning_rate=1e-3)
     rcfg = P.rl_config(cfg)
     assert rcfg.algorithm == rl and rcfg.critic.critic_model == "tiny" and rcfg.trainer.critic_learning_rate == 1e-3
-    LIVE.clear()
     out = P.run_preference_direct(cfg)
     assert set(out["eval"]) == {"eval/turn_1/reward_mean", "eval/turn_1/expected_return"}
     crit = "critic" if rl == "maac" else "agent_0/critic"
     assert (__import__("pathlib").Path(out["checkpoint"]) / crit / "value_head.pt").is_file()
-    LIVE.clear()

@@ -7,10 +7,10 @@ import torch
 
 from artifacts import ArtifactStore
 from schemas.config import validate_config
-from stages.compute_advantages import compute_advantages
-from stages.models import LIVE, build_tiny_model, load_agent, load_policies
-from stages.reference_kl import apply_reference_kl, k3_kl
-from stages.run_direct import run_direct
+from stages.score.advantages import compute_advantages
+from stages.agents.models import build_tiny_model, load_agent, load_policies
+from stages.agents.reference_kl import apply_reference_kl, k3_kl
+from stages.loops.run import run_direct
 from tests.conftest import small_config
 
 
@@ -61,7 +61,6 @@ def test_training_with_reference_kl_records_kl_and_metrics(tmp_path):
     trainer = {**small_config(tmp_path)["trainer"], "reference_kl_enabled": True, "reference_kl_coef": 0.5,
                "rollout_buffer_size": 1}
     cfg = validate_config(small_config(tmp_path, trainer=trainer))
-    LIVE.clear()
     run_direct(cfg)
     store = ArtifactStore(tmp_path / "artifacts")
     kl_by_update = {}
@@ -78,11 +77,8 @@ def test_training_with_reference_kl_records_kl_and_metrics(tmp_path):
 
 def test_reference_kl_in_worker_processes_matches_in_process(tmp_path):
     trainer = {**small_config(tmp_path)["trainer"], "reference_kl_enabled": True, "rollout_buffer_size": 1}
-    LIVE.clear()
     local = run_direct(validate_config(small_config(tmp_path / "local", trainer=trainer)))
-    LIVE.clear()
     mp = {**trainer, "parallel_training": "mp", "agent_devices": "cpu"}
     par = run_direct(validate_config(small_config(tmp_path / "mp", trainer=mp)))
-    LIVE.clear()
     assert par["reward_last"] == local["reward_last"]
     assert Path(par["checkpoint"]).name == Path(local["checkpoint"]).name

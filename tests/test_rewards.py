@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from stages.rewards import (BUILTIN_REWARDS, RewardCaller, length_ratio, load_callable, resolve_processor,
-                            resolve_reward, to_floats)
+from stages.score.rewards import BUILTIN_REWARDS, RewardCaller, length_ratio, resolve_processor, resolve_reward, to_floats
+from stages.common.user_code import load_callable
 
 # --- length_ratio ----------------------------------------------------------------------------------
 
@@ -342,7 +342,7 @@ def test_processor_bad_import_path_raises():
 def test_load_callable_forms():
     assert load_callable("math:sqrt")(9.0) == 3.0
     assert load_callable("math.sqrt")(16.0) == 4.0
-    assert load_callable("stages.rewards:length_ratio") is length_ratio
+    assert load_callable("stages.score.rewards:length_ratio") is length_ratio
 
 
 def test_load_callable_missing_module():

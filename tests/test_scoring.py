@@ -6,8 +6,8 @@ import random
 import pytest
 
 from schemas.tables import TABLES
-from stages.rewards import RewardCaller, resolve_processor
-from stages.score_rewards import joint_combos, score_rewards
+from stages.score.rewards import RewardCaller, resolve_processor
+from stages.score.scores import joint_combos, score_rewards
 
 # --- joint combos ----------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import pytest
 
 from artifacts import ArtifactStore
 from schemas.config import TasksetConfig
-from stages.build_taskset import build_taskset, load_items
+from stages.tasks.taskset import build_taskset, load_items
 
 
 def test_builtin_story_taskset(tmp_path):

@@ -12,9 +12,8 @@ import torch
 
 from artifacts import ArtifactStore
 from schemas.config import validate_config
-from stages import train_online as T
-from stages.models import LIVE
-from stages.run_direct import run_direct
+from stages.loops.context import plan_segments, plan_updates
+from stages.loops.run import run_direct
 from tests.conftest import small_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +25,6 @@ def test_learning_moves_length_ratio_reward(tmp_path):
         tmp_path, taskset={"name": "story-length-ratio", "num_items": 16, "num_eval_items": 4},
         trainer={**small_config(tmp_path)["trainer"], "num_train_epochs": 2, "num_generations": 4,
                  "max_new_tokens": 32, "rollout_buffer_size": 1}))
-    LIVE.clear()
     s = run_direct(cfg)
     assert s["env_steps"] == 16 * 2 * 4
     assert s["reward_last"] > s["reward_first"] + 0.2, s
@@ -34,27 +32,24 @@ def test_learning_moves_length_ratio_reward(tmp_path):
 
 
 def test_plan_updates_and_segments():
-    ups = T.plan_updates(n_items=5, epochs=2, buffer=2, joint_actions_per_item=4)
+    ups = plan_updates(n_items=5, epochs=2, buffer=2, joint_actions_per_item=4)
     assert [u.item_ids for u in ups] == [(0, 1), (2, 3), (4,)] * 2
     assert [u.env_step_base for u in ups] == [0, 8, 16, 20, 28, 36]
-    assert [[u.index for u in s] for s in T.plan_segments(ups, 0)] == [[0, 1, 2], [3, 4, 5]]
-    assert [[u.index for u in s] for s in T.plan_segments(ups, 4)] == [[0, 1, 2, 3], [4, 5]]
+    assert [[u.index for u in s] for s in plan_segments(ups, 0)] == [[0, 1, 2], [3, 4, 5]]
+    assert [[u.index for u in s] for s in plan_segments(ups, 4)] == [[0, 1, 2, 3], [4, 5]]
 
 
 def test_resume_replays_stored_rollouts_without_generating(tmp_path):
     """Deleting the end checkpoint of a finished run: the rerun regenerates nothing and gets the same weights."""
     cfg = validate_config(small_config(tmp_path, checkpoint_every=2))
-    LIVE.clear()
     first = run_direct(cfg)
     w_first = _weights(Path(first["checkpoint"]))
     store = ArtifactStore(tmp_path / "artifacts")
     key = Path(first["checkpoint"]).name
     assert store.remove("checkpoint", key) and store.remove("steps", key) and store.remove("metrics", key)
-    LIVE.clear()
-    before = dict(T.CALLS)
     second = run_direct(cfg)
-    assert T.CALLS["generate"] == before.get("generate", 0)  # replayed from stored rollouts
-    assert T.CALLS["update"] > before.get("update", 0)
+    assert "generate" not in second["executed"]  # replayed from stored rollouts
+    assert second["executed"]["update"] > 0
     assert _weights(Path(second["checkpoint"])) .keys() == w_first.keys()
     for k, v in _weights(Path(second["checkpoint"])).items():
         assert torch.allclose(v, w_first[k], atol=1e-6), k
@@ -73,7 +68,7 @@ def _weights(ckpt: Path) -> dict:
 CHILD = """
 import sys
 from schemas.config import validate_config
-from stages.run_direct import run_direct
+from stages.loops.run import run_direct
 import json
 cfg = validate_config(json.loads(sys.argv[1]))
 run_direct(cfg)
@@ -104,14 +99,11 @@ def test_kill_and_resume_loses_no_completed_step(tmp_path):
     ckpts = [p for p in (tmp_path / "killed" / "artifacts" / "checkpoint").iterdir() if not p.name.startswith(".")]
     assert 5 <= done < 8 and len(ckpts) in (1, 2)  # killed after the first checkpoint, before the end
     # --- rerun the same config in-process: generates only the missing updates
-    LIVE.clear()
-    before = dict(T.CALLS)
     resumed = run_direct(validate_config(killed_cfg), store=store)
-    assert T.CALLS["generate"] - before.get("generate", 0) == 8 - done
+    assert resumed["executed"]["generate"] == 8 - done
     # segments hold 3 updates: everything after the last stored checkpoint is updated again (replayed or new)
-    assert T.CALLS["update"] - before.get("update", 0) == 8 - 3 * len(ckpts)
+    assert resumed["executed"]["update"] == 8 - 3 * len(ckpts)
     # --- identical to an uninterrupted run
-    LIVE.clear()
     clean = run_direct(validate_config({**killed_cfg, "data_dir": str(tmp_path / "clean")}))
     assert Path(resumed["checkpoint"]).name == Path(clean["checkpoint"]).name
     wr, wc = _weights(Path(resumed["checkpoint"])), _weights(Path(clean["checkpoint"]))
@@ -123,12 +115,9 @@ def test_kill_and_resume_loses_no_completed_step(tmp_path):
 def test_mp_workers_match_in_process_training(tmp_path):
     """parallel_training=mp (one worker process per agent) gives the same samples and weights as in-process."""
     trainer = {**small_config(tmp_path)["trainer"], "num_generations": 2}
-    LIVE.clear()
     local = run_direct(validate_config(small_config(tmp_path / "local", trainer=trainer)))
-    LIVE.clear()
     mp_trainer = {**trainer, "parallel_training": "mp", "agent_devices": ["cpu", "cpu"]}
     par = run_direct(validate_config(small_config(tmp_path / "mp", trainer=mp_trainer)))
-    LIVE.clear()
     assert par["reward_first"] == local["reward_first"] and par["reward_last"] == local["reward_last"]
     wl, wp = _weights(Path(local["checkpoint"])), _weights(Path(par["checkpoint"]))
     for k in wl:
@@ -138,7 +127,7 @@ def test_mp_workers_match_in_process_training(tmp_path):
 
 
 def test_mp_worker_errors_surface_with_agent_index(tmp_path):
-    from stages.agent_workers import WorkerPolicies
+    from stages.agents.workers import WorkerPolicies
 
     with pytest.raises(FileNotFoundError, match="agent 0 worker"):
         WorkerPolicies([str(tmp_path / "missing-model")], 1e-3, "float32", "sdpa", ["cpu"])

@@ -33,8 +33,9 @@ class CriticTrainer(FacadeTrainer):
         return [self._critic_src] * self._critic_count(n)
 
     def _load_critics(self, n: int, dtype: str) -> tuple[list, list]:
-        from stages.models import CriticState, load_critic
-        from stages.value_model import new_head
+        from stages.agents.models import load_critic
+        from stages.agents.state import CriticState
+        from stages.agents.value_heads import new_head
 
         if not self._wants_critics():
             return [], []

@@ -2,7 +2,7 @@
 
 from coopflow._facade import FacadeTrainer
 from schemas.config import MARLHFConfig
-from stages.fit_reward_model import JointRewardModel
+from stages.fit.reward_model import JointRewardModel
 
 __all__ = ["JointRewardModel", "MARLHFConfig", "MARLHFTrainer"]
 

@@ -1,0 +1,67 @@
+"""The checkpoint folder layout, in one place.
+
+A checkpoint is a directory artifact holding everything a run needs to continue:
+
+    agent_i/                  the agent's HF `save_pretrained` dir + tokenizer (+ value_head.pt for IAC's
+                              shared value head); loadable with AutoModelForCausalLM.from_pretrained
+    agent_i/critic/           IAC with separate critics: agent i's critic LM, tokenizer and value_head.pt
+    critic/                   MAAC: the centralized critic (LM, tokenizer, value_head.pt)
+    optimizer/agent_i.pt      AdamW state of agent i (and of its shared value head)
+    optimizer/critic_i.pt     AdamW state of agent i's separate critic
+    optimizer/critic.pt       AdamW state of MAAC's critic
+    trainer_state.json        update, env_step, segment_keys, ... of the last completed update
+
+Every module that reads or writes a checkpoint goes through `CheckpointLayout`.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CheckpointLayout:
+    """Paths inside one checkpoint directory `root`."""
+
+    root: Path
+
+    def agent(self, i: int) -> Path:
+        return self.root / f"agent_{i}"
+
+    def agent_optimizer(self, i: int) -> Path:
+        return self.root / "optimizer" / f"agent_{i}.pt"
+
+    def agent_critic(self, i: int) -> Path:
+        return self.agent(i) / "critic"
+
+    def agent_critic_optimizer(self, i: int) -> Path:
+        return self.root / "optimizer" / f"critic_{i}.pt"
+
+    @property
+    def central_critic(self) -> Path:
+        return self.root / "critic"
+
+    @property
+    def central_critic_optimizer(self) -> Path:
+        return self.root / "optimizer" / "critic.pt"
+
+    @property
+    def optimizer_dir(self) -> Path:
+        return self.root / "optimizer"
+
+    @property
+    def trainer_state_file(self) -> Path:
+        return self.root / "trainer_state.json"
+
+    def trainer_state(self) -> dict:
+        """The stored trainer state ({} when the checkpoint has none)."""
+        f = self.trainer_state_file
+        return json.loads(f.read_text()) if f.is_file() else {}
+
+    def write_trainer_state(self, state: dict) -> None:
+        self.trainer_state_file.write_text(json.dumps(state, indent=1, sort_keys=True))
+
+    def sources(self, n_agents: int) -> tuple[list[Path], list[Path], dict]:
+        """(agent dirs, agent optimizer files, trainer state): what loading the agents back needs."""
+        return ([self.agent(i) for i in range(n_agents)], [self.agent_optimizer(i) for i in range(n_agents)],
+                self.trainer_state())

@@ -1,0 +1,212 @@
+"""Loading, building and saving the agents' causal LMs (no Prefect, no MLflow).
+
+- `build_tiny_model(dir)`: a tiny random Qwen2 causal LM with a BPE tokenizer trained here on a
+  small word list, so tests, CI and the quickstart never download anything.
+- `load_agent(source)`: one causal LM + tokenizer from a local dir or an HF id (which works when the
+  user has it cached or has network), left padding and a pad token ensured.
+- `load_agent_state` / `load_policies` / `load_critic`: the live per-agent state of a run (models,
+  frozen references, value heads, critics, optimizer state); `save_agent` (a per-agent op) and
+  `save_checkpoint` write them in the layout of `stages.agents.checkpoint`.
+"""
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from stages.agents.checkpoint import CheckpointLayout
+from stages.agents.state import AgentState, CriticState, Policies
+
+log = logging.getLogger(__name__)
+
+TINY_WORDS = (
+    "once upon a time there was a little fox robot dragon story write explain describe tell about "
+    "the ocean city cloud clouds moon star tree rain night day happy sad big small red blue green "
+    "old young bird cat dog river mountain forest sun wind snow light dark friend home road ship "
+    "and then but so because with without under over into out of from to in on at it was is he she "
+    "they we a an one two three very long short end . , !"
+).split()
+
+
+def quiet_transformers() -> None:
+    """Silence transformers' load reports and progress bars."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def build_tiny_model(out_dir: str | os.PathLike, hidden_size: int = 64, num_layers: int = 2, seed: int = 0,
+                     vocab_size: int = 384) -> Path:
+    """Write a tiny random Qwen2 LM + locally trained byte-level BPE tokenizer to `out_dir`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    quiet_transformers()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = [" ".join(TINY_WORDS[i:] + TINY_WORDS[:i]) for i in range(len(TINY_WORDS))] * 10
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<pad>", "<eos>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>",
+                                     unk_token="<unk>", padding_side="left")
+    heads = max(1, hidden_size // 16)
+    cfg = Qwen2Config(vocab_size=len(hf_tok), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
+                      num_hidden_layers=num_layers, num_attention_heads=heads,
+                      num_key_value_heads=max(1, heads // 2), max_position_embeddings=1024,
+                      eos_token_id=hf_tok.eos_token_id, pad_token_id=hf_tok.pad_token_id,
+                      bos_token_id=hf_tok.eos_token_id, tie_word_embeddings=True)
+    g = torch.random.fork_rng()
+    with g:
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(cfg)
+    model.save_pretrained(out)
+    hf_tok.save_pretrained(out)
+    return out
+
+
+def torch_dtype(name: str):
+    """Map a config dtype name to a torch dtype ('auto' passes through)."""
+    return "auto" if name == "auto" else getattr(torch, name)
+
+
+def resolve_device(spec: str) -> torch.device:
+    """'auto' -> cuda:0 when available, else cpu."""
+    if spec == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    return torch.device(spec)
+
+
+def load_agent(source: str | Path, dtype: str = "float32", attn_implementation: str | None = "sdpa",
+               device: str = "cpu"):
+    """Load one causal LM and its tokenizer (left padding, pad token ensured)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    quiet_transformers()
+    src = str(source)
+    if (src.startswith((".", "/", "~")) or src.count("/") > 1) and not Path(src).expanduser().is_dir():
+        raise FileNotFoundError(f"model directory {src} does not exist")
+    kwargs = {"dtype": torch_dtype(dtype)}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        tok = AutoTokenizer.from_pretrained(src)
+        model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
+    except OSError as err:
+        raise FileNotFoundError(
+            f"cannot load model {src!r}: not a local model directory and not available from the HF cache "
+            f"({err.__class__.__name__}); use a local directory or 'tiny'") from None
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model.config.pad_token_id = tok.pad_token_id
+    if getattr(model.config, "eos_token_id", None) is None:
+        model.config.eos_token_id = tok.eos_token_id
+    model.to(resolve_device(device))
+    model.eval()
+    return model, tok
+
+
+def load_critic(source: str | Path, lr: float, head_dim: int | None, dtype: str = "float32",
+                attn_implementation: str | None = "sdpa", device: str = "cpu", optimizer_file: Path | None = None,
+                actor_tokenizer=None, head_seed: int | None = None) -> CriticState:
+    """A critic from a model source; its value head from `source/value_head.pt` when there, else fresh."""
+    from stages.agents.value_heads import load_head, new_head
+
+    model, tok = load_agent(source, dtype, attn_implementation, device)
+    head = load_head(Path(source), resolve_device(device)) if Path(str(source)).is_dir() else None
+    crit = CriticState(model, head or new_head(model, head_dim, head_seed), tok, lr)
+    if actor_tokenizer is not None:
+        crit.same_vocab = actor_tokenizer.get_vocab() == tok.get_vocab()
+    if optimizer_file is not None and Path(optimizer_file).is_file():
+        crit.ensure_optimizer().load_state_dict(torch.load(optimizer_file, map_location=resolve_device(device)))
+    return crit
+
+
+def save_critic(crit: CriticState, out: Path, optimizer_file: Path | None = None) -> None:
+    """An HF dir with the critic LM, its tokenizer and value_head.pt (+ its optimizer state)."""
+    from stages.agents.value_heads import save_head
+
+    crit.model.save_pretrained(out)
+    crit.tokenizer.save_pretrained(out)
+    save_head(crit.head, out)
+    if crit.optimizer is not None and optimizer_file is not None:
+        optimizer_file.parent.mkdir(exist_ok=True)
+        torch.save(crit.optimizer.state_dict(), optimizer_file)
+
+
+def load_agent_state(source: str | Path, lr: float, dtype: str = "float32", attn_implementation: str | None = "sdpa",
+                     device: str = "cpu", optimizer_file: Path | None = None, reference_source: str | None = None,
+                     reference_device: str | None = None, ac: dict | None = None) -> AgentState:
+    """Load one agent (its optimizer state when a checkpoint has one, its frozen reference when asked).
+
+    `ac` (actor-critic runs): {"head": bool, "head_dim": int|None} attaches a value head (loaded from
+    `source/value_head.pt` when there); {"critic_source": ..., "critic_lr", "critic_head_dim",
+    "critic_device", "critic_optimizer_file"} loads this agent's separate critic.
+    """
+    model, tok = load_agent(source, dtype, attn_implementation, device)
+    agent = AgentState(model, tok, lr)
+    if ac and ac.get("head"):
+        from stages.agents.value_heads import load_head, new_head
+
+        agent.value_head = load_head(Path(str(source)), resolve_device(device)) if Path(str(source)).is_dir() else None
+        agent.value_head = agent.value_head or new_head(model, ac.get("head_dim"), ac.get("head_seed"))
+    if ac and ac.get("critic_source"):
+        cf = ac.get("critic_optimizer_file")
+        agent.critic = load_critic(ac["critic_source"], ac["critic_lr"], ac.get("critic_head_dim"), dtype,
+                                   attn_implementation, ac.get("critic_device") or device, Path(cf) if cf else None, tok,
+                                   ac.get("head_seed"))
+    if reference_source is not None:
+        ref, _ = load_agent(reference_source, dtype, attn_implementation, reference_device or device)
+        ref.requires_grad_(False)
+        agent.reference = ref
+    if optimizer_file is not None and Path(optimizer_file).is_file():
+        agent.ensure_optimizer().load_state_dict(torch.load(optimizer_file, map_location=resolve_device(device)))
+    return agent
+
+
+def save_agent(agent: AgentState, out: Path, index: int) -> None:
+    """Per-agent op: write agent i's part of the checkpoint at `out` (model, tokenizer, optimizer, heads, critic)."""
+    lay = CheckpointLayout(Path(out))
+    agent.model.save_pretrained(lay.agent(index))
+    agent.tokenizer.save_pretrained(lay.agent(index))
+    if agent.optimizer is not None:
+        lay.optimizer_dir.mkdir(exist_ok=True)
+        torch.save(agent.optimizer.state_dict(), lay.agent_optimizer(index))
+    if agent.value_head is not None:
+        from stages.agents.value_heads import save_head
+
+        save_head(agent.value_head, lay.agent(index))
+    if agent.critic is not None:
+        save_critic(agent.critic, lay.agent_critic(index), lay.agent_critic_optimizer(index))
+
+
+def load_policies(sources: list[str | Path], lr: float, dtype: str = "float32",
+                  attn_implementation: str | None = "sdpa", device: str = "cpu",
+                  optimizer_files: list[Path | None] | None = None, reference_sources: list[str] | None = None,
+                  reference_devices: list[str] | None = None, ac: list[dict | None] | None = None) -> Policies:
+    """Load every agent from its source dir/id (with frozen references when reference_sources is given)."""
+    n = len(sources)
+    opts = optimizer_files or [None] * n
+    refs = reference_sources or [None] * n
+    rdev = reference_devices or [None] * n
+    acs = ac or [None] * n
+    return Policies([load_agent_state(sources[i], lr, dtype, attn_implementation, device, opts[i], refs[i], rdev[i],
+                                      acs[i]) for i in range(n)])
+
+
+def save_checkpoint(policies, out: Path, state: dict) -> None:
+    """Write a whole checkpoint into `out` (every agent, MAAC's central critic, the trainer state)."""
+    lay = CheckpointLayout(Path(out))
+    policies.run(save_agent, [(out, i) for i in range(policies.n)])
+    if getattr(policies, "critic", None) is not None:  # MAAC's central critic
+        save_critic(policies.critic, lay.central_critic, lay.central_critic_optimizer)
+    lay.write_trainer_state(state)

@@ -1,0 +1,107 @@
+"""The live agents of a run: per-agent state, the policy-group protocol and its in-process container.
+
+A *per-agent op* is a module-level function `op(agent: AgentState, *args) -> result` with plain
+picklable arguments and results (generation, a policy-gradient step, DPO deltas, saving, ...). The
+stages never touch the models directly: they hand their op and one argument tuple per agent to a
+`PolicyGroup`, which runs it on every agent and returns the results in agent order. `Policies` runs
+the ops here, one agent after the other; `stages.agents.workers.WorkerPolicies` runs them in one
+process per agent (the op is pickled by reference, so the worker imports the module that defines it).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class AgentState:
+    """One live agent: its model, tokenizer and (after the first update) AdamW optimizer."""
+
+    model: object
+    tokenizer: object
+    lr: float
+    optimizer: object = None
+    reference: object = None  # frozen reference model for the KL penalty (None when KL is off)
+    value_head: object = None  # IAC shared mode: a value head on the actor (one optimizer over both)
+    critic: "CriticState | None" = None  # IAC separate mode: this agent's own critic LM + head
+
+    def ensure_optimizer(self):
+        """Per-agent AdamW (the reference's optimizer; fused kernels where torch has them)."""
+        if self.optimizer is None:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            if self.value_head is not None:
+                params += list(self.value_head.parameters())
+            self.optimizer = adamw(params, self.lr)
+        return self.optimizer
+
+
+def adamw(params: list, lr: float):
+    """AdamW with the reference's defaults (fused kernels where torch has them)."""
+    try:
+        return torch.optim.AdamW(params, lr=lr, fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.AdamW(params, lr=lr)
+
+
+@dataclass
+class CriticState:
+    """A critic: causal LM backbone + value head, its tokenizer and AdamW (lr = critic_learning_rate)."""
+
+    model: object
+    head: object
+    tokenizer: object
+    lr: float
+    optimizer: object = None
+    same_vocab: bool = True  # shares the actor's vocabulary: reuse its token ids instead of re-tokenizing
+
+    def ensure_optimizer(self):
+        if self.optimizer is None:
+            self.optimizer = adamw([p for p in self.model.parameters() if p.requires_grad]
+                                   + list(self.head.parameters()), self.lr)
+        return self.optimizer
+
+
+class PolicyGroup(Protocol):
+    """What the stages need of the live agents: their count, tokenizers, per-agent ops, a run state."""
+
+    state: dict  # update, env_step, ... of the last completed update
+    critic: "CriticState | None"  # MAAC's centralized critic (in the main process), else None
+
+    @property
+    def n(self) -> int: ...
+
+    @property
+    def tokenizers(self) -> list: ...
+
+    def run(self, op: Callable, per_agent_args: list[tuple]) -> list: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Policies:
+    """Live agents of one run, in this process; `run(op, args)` applies a per-agent op to each in order.
+
+    `stages.agents.workers.WorkerPolicies` has the same interface with one process per agent.
+    """
+
+    agents: list[AgentState]
+    state: dict = field(default_factory=dict)  # update, env_step, ... of the last completed update
+    critic: "CriticState | None" = None  # MAAC's centralized critic (lives in the main process)
+
+    @property
+    def n(self) -> int:
+        return len(self.agents)
+
+    @property
+    def tokenizers(self) -> list:
+        return [a.tokenizer for a in self.agents]
+
+    def run(self, op: Callable, per_agent_args: list[tuple]) -> list:
+        """Apply the per-agent op `op(agent, *args)` to every agent; results in agent order."""
+        return [op(agent, *args) for agent, args in zip(self.agents, per_agent_args)]
+
+    def close(self) -> None:
+        """Release resources (nothing to do in-process)."""

@@ -1,0 +1,178 @@
+"""Per-agent worker processes (`parallel_training: mp`): agents generate and update concurrently.
+
+Each agent lives in its own persistent process (spawned once per run, reused across segments) on
+its own device from `agent_devices`, with `torch` limited to its share of the CPU cores when on
+CPU. The main process sends every agent the same per-agent op at once (a module-level function such as
+`stages.rollout.generate.generate_op`, pickled by reference; see `stages.agents.state`) and collects
+the results **in agent order**, so results do not depend on
+which worker finishes first. Processes, not threads: the Python parts of generation hold the GIL.
+
+Workers start from a fork server that has imported torch, transformers and the agent code once
+(`forkserver` with a preload list): a fresh interpreter per worker would import them again each
+time (~5 s per worker on 2 cores). The fork server is a clean process of its own, never the parent,
+so no threads or CUDA state of the parent are forked.
+
+Sampling seeds are per (seed, update, agent), so the samples equal the in-process mode's on CPU.
+"""
+
+import multiprocessing as mp
+import os
+import traceback
+from pathlib import Path
+
+
+
+def _worker(conn, source: str, lr: float, dtype: str, attn: str | None, device: str, threads: int,
+            optimizer_file: str | None, reference_source: str | None = None, reference_device: str | None = None,
+            ac: dict | None = None) -> None:
+    """Worker loop: load the agent, then serve ops until 'close'."""
+    try:
+        import torch
+
+        if threads > 0:
+            torch.set_num_threads(threads)
+        from stages.agents.models import load_agent_state
+
+        agent = load_agent_state(source, lr, dtype, attn, device, Path(optimizer_file) if optimizer_file else None,
+                                 reference_source, reference_device, ac)
+        conn.send(("ok", None))
+    except BaseException as err:  # report load errors to the parent
+        conn.send(("error", (type(err).__name__, str(err), traceback.format_exc())))
+        return
+    while True:
+        try:
+            op, args = conn.recv()
+        except EOFError:
+            return
+        if op == "close":
+            conn.send(("ok", None))
+            return
+        try:
+            conn.send(("ok", op(agent, *args)))
+        except BaseException as err:
+            conn.send(("error", (type(err).__name__, str(err), traceback.format_exc())))
+
+
+_REraise = {"FloatingPointError": FloatingPointError, "ValueError": ValueError, "TypeError": TypeError,
+            "FileNotFoundError": FileNotFoundError}
+
+
+def _raise(agent: int, payload) -> None:
+    name, msg, tb = payload
+    cls = _REraise.get(name, RuntimeError)
+    raise cls(f"agent {agent} worker: {name}: {msg}\n--- worker traceback ---\n{tb}")
+
+
+_PRELOAD = ["torch", "transformers", "stages.agents.ops", "stages.agents.models"]
+
+
+def _context():
+    """The multiprocessing context for workers: a fork server preloaded with the heavy imports."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
+
+
+class WorkerPolicies:
+    """A `PolicyGroup` (see `stages.agents.state`) with one worker process per agent."""
+
+    def __init__(self, sources: list[str | Path], lr: float, dtype: str, attn: str | None, devices: list[str],
+                 optimizer_files: list[Path | None] | None = None, reference_sources: list[str] | None = None,
+                 reference_devices: list[str] | None = None, ac: list[dict | None] | None = None):
+        n = len(sources)
+        acs = ac or [None] * n
+        cpu_workers = sum(1 for d in devices if d == "cpu")
+        threads = max(1, (os.cpu_count() or 1) // max(1, cpu_workers))
+        ctx = _context()
+        self.state: dict = {}
+        self.critic = None  # MAAC's central critic lives in the main process
+        self._conns, self._procs = [], []
+        opts = optimizer_files or [None] * n
+        refs = reference_sources or [None] * n
+        rdev = reference_devices or [None] * n
+        for i in range(n):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker, name=f"coopflow-agent-{i}", daemon=True,
+                            args=(child, str(sources[i]), lr, dtype, attn, devices[i],
+                                  threads if devices[i] == "cpu" else 0, str(opts[i]) if opts[i] else None,
+                                  str(refs[i]) if refs[i] else None, rdev[i], acs[i]))
+            p.start()
+            child.close()  # only the worker holds its end: a dead worker then reads as EOF, not a hang
+            self._conns.append(parent)
+            self._procs.append(p)
+        # Tokenizers are also needed here (formatters with chat templates); they are cheap to load.
+        self._tokenizers = None
+        self._sources = [str(s) for s in sources]
+        try:
+            for i, c in enumerate(self._conns):
+                try:
+                    status, payload = c.recv()
+                except EOFError:
+                    raise RuntimeError(
+                        f"agent {i} worker exited during start-up (exit code {self._procs[i].exitcode}). Workers "
+                        "are started as fresh processes: a script that trains with parallel_training='mp' must "
+                        "guard its entry point with `if __name__ == '__main__':`") from None
+                if status == "error":
+                    _raise(i, payload)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def n(self) -> int:
+        return len(self._conns)
+
+    @property
+    def tokenizers(self) -> list:
+        if self._tokenizers is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizers = [AutoTokenizer.from_pretrained(s) for s in self._sources]
+        return self._tokenizers
+
+    def run(self, op, per_agent_args: list[tuple]) -> list:
+        """Send the per-agent op `op(agent, *args)` to every worker at once, then collect results in agent order."""
+        for c, args in zip(self._conns, per_agent_args):
+            c.send((op, args))
+        results, error = [], None
+        for i, c in enumerate(self._conns):
+            try:
+                status, payload = c.recv()
+            except EOFError:
+                status, payload = "error", ("RuntimeError", "worker process died", "")
+            if status == "error" and error is None:
+                error = (i, payload)
+            results.append(payload)
+        if error is not None:
+            _raise(*error)
+        return results
+
+    def close(self) -> None:
+        """Stop the workers."""
+        for c, p in zip(self._conns, self._procs):
+            try:
+                if p.is_alive():
+                    c.send(("close", None))
+                    if c.poll(30):
+                        c.recv()
+            except (OSError, EOFError):
+                pass
+            c.close()
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+        self._conns, self._procs = [], []
+
+
+def agent_devices(spec: str | list[str] | None, n: int, default: str) -> list[str]:
+    """Resolve agent_devices: None -> default for all; a str or 1-list broadcast; n-list one each."""
+    if spec is None:
+        return [default] * n
+    if isinstance(spec, str):
+        return [spec] * n
+    if len(spec) == 1:
+        return list(spec) * n
+    if len(spec) != n:
+        raise ValueError(f"agent_devices has {len(spec)} entries for {n} agents")
+    return list(spec)
+

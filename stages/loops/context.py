@@ -1,0 +1,290 @@
+"""What one run needs, resolved once from its config: the immutable plan and the run context.
+
+`make_context(cfg, store, taskset)` loads no model. It resolves the agent sources ('tiny' is built
+into the store), the items, the reward (and, for MARLHF's RL phase, the reward model that replaces
+it in training), the sampling settings and the episode shape, then plans the whole run:
+
+- **updates**: one policy update per `rollout_buffer_size` node samples, as the fewest whole
+  episode trees that hold them (single turn: `rollout_buffer_size` items; trees are never split);
+- **segments**: runs of updates ending in a checkpoint (`checkpoint_every` updates, default one epoch);
+- **keys**: the policy key at the start and the checkpoint key at the end of every segment, all
+  computable before anything runs because every key is input-addressed (see `stages.loops.keys`);
+- **budget**: the counts of the run (updates, generate calls, sequences, joint actions), refused
+  up front when over `max_sequences`, and planning **warnings** (e.g. unreachable later turns).
+
+`RunPlan` and `RunContext` are frozen: nothing changes them after `make_context`. What a run
+creates while it runs (live policies, stage counters) lives in its `Session`.
+"""
+
+import dataclasses
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from artifacts import ArtifactRef, ArtifactStore, key_for
+from schemas.config import RunConfig, is_local_model_path, missing_model_dir_message
+from stages.agents.models import build_tiny_model
+from stages.loops import budget
+from stages.loops.session import Session
+from stages.rollout.generate import SamplingConfig
+from stages.rollout.tree import Episode
+from stages.score.rewards import RewardCaller, resolve_processor, resolve_reward, reward_identity
+from stages.score.scores import joint_combos
+from stages.tasks.formatters import build_formatter
+from stages.tasks.taskset import load_items
+from stages.tasks.transitions import Transition, transition_identity
+
+STAGE_VERSION = "2"  # 2: rollouts carry tree links (part of the rollouts and tiny-model keys)
+AC_ALGORITHMS = ("iac", "maac")
+
+
+def is_actor_critic(cfg) -> bool:
+    """IAC / MAAC (a critic's values shape the advantages) rather than a MAGRPO-family baseline."""
+    return cfg.algorithm in AC_ALGORITHMS
+
+
+# --- plan ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Update:
+    """One policy update: its global index, epoch, training item ids and planned env_step before it.
+
+    The planned env_step assumes full trees; with early termination the run-time count is lower.
+    """
+
+    index: int
+    epoch: int
+    item_ids: tuple[int, ...]
+    env_step_base: int
+
+
+def plan_updates(n_items: int, epochs: int, buffer: int, joint_actions_per_item: int,
+                 nodes_per_item: int = 1) -> list[Update]:
+    """Every update of the run, in order: the fewest whole trees holding >= `buffer` node samples each."""
+    out, env = [], 0
+    per = max(1, -(-buffer // nodes_per_item))
+    for e in range(epochs):
+        for start in range(0, n_items, per):
+            ids = tuple(range(start, min(n_items, start + per)))
+            out.append(Update(len(out), e, ids, env))
+            env += len(ids) * joint_actions_per_item
+    return out
+
+
+def plan_segments(updates: list[Update], checkpoint_every: int) -> list[list[Update]]:
+    """Split updates into checkpointed segments (0 = one segment per epoch)."""
+    segs: list[list[Update]] = []
+    for u in updates:
+        new = not segs or (checkpoint_every and len(segs[-1]) >= checkpoint_every) or \
+            (not checkpoint_every and segs[-1][-1].epoch != u.epoch)
+        if new:
+            segs.append([])
+        segs[-1].append(u)
+    return segs
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The immutable plan of a run: its updates, segments, start key, budget and planning warnings."""
+
+    start_key: str
+    updates: tuple[Update, ...]
+    segments: tuple[tuple[Update, ...], ...]
+    budget: budget.Budget
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reward:
+    """A reward as the stages call it: the caller, the processor of its raw values and its key identity."""
+
+    caller: RewardCaller
+    processor: object
+    identity: dict
+
+
+# --- run context ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class RunContext:
+    """Everything the stages of one run read, resolved once from the config (frozen; see module doc)."""
+
+    cfg: RunConfig
+    store: ArtifactStore
+    taskset: ArtifactRef
+    train_items: list[dict]
+    eval_items: list[dict]
+    sources: list[str]  # loadable agent sources (paths or hub ids)
+    reward: Reward  # what training scores with (MARLHF's RL phase: the frozen reward model)
+    task_reward: Reward  # what evaluations score with: always the task reward
+    sampling: SamplingConfig
+    episode: Episode
+    plan: RunPlan
+    session: Session = field(default_factory=Session, compare=False)
+    critic_paths: list[str] | None = None  # actor-critic: resolved critic sources (IAC separate: one per agent)
+    transition_id: dict | None = None
+    eval_hooks: tuple | None = None  # (eval_logger, eval_aggregator) from the config's import paths
+
+    @property
+    def n(self) -> int:
+        return self.cfg.agents.n
+
+    # the training reward's parts, as the stages take them
+    @property
+    def caller(self) -> RewardCaller:
+        return self.reward.caller
+
+    @property
+    def processor(self):
+        return self.reward.processor
+
+    @property
+    def reward_id(self) -> dict:
+        return self.reward.identity
+
+    def eval_reward(self) -> tuple[RewardCaller, object, dict]:
+        """(caller, processor, identity) of the reward evaluations use: always the task reward."""
+        r = self.task_reward
+        return r.caller, r.processor, r.identity
+
+    @cached_property
+    def end_keys(self) -> tuple[str, ...]:
+        """Checkpoint key (= policy version key) at the end of every segment, known before anything runs."""
+        from stages.loops.keys import update_keys
+
+        out, pk = [], self.plan.start_key
+        for seg in self.plan.segments:
+            for u in seg:
+                pk = update_keys(self, pk, u).policy_after
+            out.append(pk)
+        return tuple(out)
+
+    @property
+    def run_key(self) -> str:
+        """The final checkpoint's key (names the run)."""
+        return self.end_keys[-1]
+
+    def eval_items_used(self) -> list[dict]:
+        """The eval items evaluations run on (the first eval_num_samples; all when 0)."""
+        k = self.cfg.trainer.eval_num_samples
+        return self.eval_items[:k] if k else self.eval_items
+
+    def joint_actions_per_node(self) -> int:
+        t = self.cfg.trainer
+        return len(joint_combos(t.num_generations, self.n, getattr(t, "joint_mode", "aligned")))
+
+    def nodes_per_item(self) -> int:
+        """Nodes of a full episode tree (no early termination): sum over depths of branch^t."""
+        return sum(self.joint_actions_per_node() ** t for t in range(self.cfg.trainer.num_turns))
+
+    def joint_actions_per_item(self) -> int:
+        return self.nodes_per_item() * self.joint_actions_per_node()
+
+    def with_plan(self, **changes) -> "RunContext":
+        """A copy with some plan fields replaced (e.g. another budget); the session is shared."""
+        return dataclasses.replace(self, plan=dataclasses.replace(self.plan, **changes))
+
+
+def resolve_sources(cfg: RunConfig, store: ArtifactStore) -> tuple[list[str], dict]:
+    """Agent sources as loadable paths/ids, and their identity for keys ('tiny' is built into the store)."""
+    paths, ident = resolve_model_sources(cfg.agents.sources(), cfg, store, "agents")
+    return paths, {"sources": ident, "dtype": cfg.agents.dtype}
+
+
+def resolve_model_sources(sources: list[str], cfg: RunConfig, store: ArtifactStore,
+                          what: str) -> tuple[list[str], list[dict]]:
+    """Model sources ('tiny', local dirs, hub ids) as loadable paths/ids plus their identities."""
+    paths, ident = [], []
+    for src in sources:
+        if src == "tiny":
+            a = cfg.agents
+            key = key_for("model", {"tiny": [a.tiny_hidden_size, a.tiny_num_layers], "v": STAGE_VERSION})
+            ref = store.put_dir("model", key, lambda d: build_tiny_model(d, a.tiny_hidden_size, a.tiny_num_layers))
+            paths.append(str(store.open_dir(ref)))
+            ident.append({"model": key})
+        elif Path(src).expanduser().is_dir():
+            p = Path(src).expanduser().resolve()
+            files = sorted((f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in p.iterdir() if f.is_file())
+            paths.append(str(p))
+            ident.append({"dir": str(p), "files": files})
+        elif is_local_model_path(src):
+            raise FileNotFoundError(missing_model_dir_message(what, src))
+        else:
+            paths.append(src)
+            ident.append({"hub": src})
+    return paths, ident
+
+
+def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sources: list[str] | None = None,
+                 source_ident: dict | None = None, reward_override: tuple | None = None,
+                 session: Session | None = None) -> RunContext:
+    """Resolve config + taskset into a frozen RunContext with its plan (loads no model).
+
+    `reward_override` = (reward function, identity): train on another reward (MARLHF's frozen reward
+    model) while evaluations keep the task reward. `session`: share a parent run's live resources.
+    """
+    if sources is None:
+        sources, source_ident = resolve_sources(cfg, store)
+    t = cfg.trainer
+    n = cfg.agents.n
+    train = load_items(store, taskset, "train")
+    evals = load_items(store, taskset, "eval")
+    task = Reward(RewardCaller(resolve_reward(cfg.reward.name, cfg.reward.kwargs), n),
+                  resolve_processor(cfg.reward.processor),
+                  reward_identity(cfg.reward.name, cfg.reward.kwargs, cfg.reward.processor))
+    reward = (Reward(RewardCaller(reward_override[0], n), resolve_processor(None), reward_override[1])
+              if reward_override else task)
+    ac = is_actor_critic(cfg)
+    init: dict = {"init": source_ident}
+    critic_paths = None
+    if ac and cfg.critic_sources():
+        critic_paths, cident = resolve_model_sources(cfg.critic_sources(), cfg, store, "critic")
+        init.update(critics=cident, algorithm=cfg.algorithm, critic_type=t.critic_type)
+    elif ac:
+        init.update(algorithm=cfg.algorithm, shared_head=t.value_head_hidden_dim, critic_type=t.critic_type)
+    multi = t.num_turns > 1 and cfg.transition is not None
+    joint_mode = getattr(t, "joint_mode", "aligned")
+    episode = Episode(t.num_turns if multi else 1, joint_mode,
+                      Transition(cfg.transition.name, cfg.transition.kwargs) if multi else None,
+                      t.early_termination_threshold, t.external_prompt_passthrough, t.discount, reward_per_node=ac)
+    hooks = None
+    if cfg.eval_logger and cfg.eval_aggregator:
+        from stages.common.user_code import load_callable
+
+        hooks = (load_callable(cfg.eval_logger, "eval_logger"), load_callable(cfg.eval_aggregator, "eval_aggregator"))
+    # the plan: updates and segments need the tree shape, which the context's helpers compute
+    ctx = RunContext(cfg=cfg, store=store, taskset=taskset, train_items=train, eval_items=evals, sources=sources,
+                     reward=reward, task_reward=task, sampling=SamplingConfig.of(cfg, t.num_generations),
+                     episode=episode, plan=RunPlan(key_for("policy", init), (), (), budget.Budget(0, 0, 0, 0, 0, 0)),
+                     session=session or Session(), critic_paths=critic_paths,
+                     transition_id=transition_identity(cfg.transition.name, cfg.transition.kwargs) if multi else None,
+                     eval_hooks=hooks)
+    # MAGRPO's rollout_buffer_size counts tree nodes per agent; the actor-critic trainers count samples per agent.
+    units = ctx.nodes_per_item() * (t.num_generations if ac else 1)
+    updates = plan_updates(len(train), t.num_train_epochs, t.rollout_buffer_size, ctx.joint_actions_per_item(), units)
+    est = budget.estimate(len(train), len(ctx.eval_items_used()), n, t.num_generations, t.num_turns, joint_mode,
+                          t.num_train_epochs, len(updates[0].item_ids) if updates else 1)
+    budget.check(est, cfg.max_sequences)
+    warn = budget.unreachable_turns_warning(t.num_turns, t.early_termination_threshold,
+                                            processed_range(reward.caller.fn, cfg.reward.reward_range,
+                                                            task.processor))
+    return ctx.with_plan(updates=tuple(updates),
+                         segments=tuple(tuple(s) for s in plan_segments(updates, cfg.checkpoint_every)),
+                         budget=est, warnings=(warn,) if warn else ())
+
+
+def processed_range(fn, declared: tuple | None, processor) -> tuple[float, float] | None:
+    """The reward's declared (config, else `fn.reward_range`) range mapped through the processor."""
+    rng = declared or getattr(fn, "reward_range", None) or getattr(getattr(fn, "func", None), "reward_range", None)
+    if rng is None:
+        return None
+    ends = [float(processor(float(rng[0]))), float(processor(float(rng[1])))]
+    return min(ends), max(ends)
+
+
+def formatters_for(ctx: RunContext, policies) -> list:
+    """Per-agent formatter functions (chat templates need the loaded tokenizers)."""
+    toks = policies.tokenizers if policies else [None] * ctx.n
+    return [build_formatter(ctx.cfg.formatter_for(i), toks[i]) for i in range(ctx.n)]

@@ -1,0 +1,308 @@
+"""Preference learning: MADPO and MARLHF as chains of stages over Parquet artifacts.
+
+MADPO in plain words: sample many joint answers per task, score them with the task reward, turn
+every better/worse pair into a preference, and push each agent to make the better joint answer
+more likely than the worse one (DPO, factorized over agents, no reference model).
+MARLHF: fit a joint reward model on those preferences, freeze it, and run online multi-agent RL
+(the MAGRPO family or IAC/MAAC) with it as the reward; evaluation always uses the task reward.
+
+    taskset → candidates (rollouts + scores) → pairs → DPO update            → evaluate   (MADPO)
+                                               pairs → fit reward model → RL → evaluate   (MARLHF)
+
+Keys (input-addressed, so changing a later setting reuses everything before it):
+
+    candidates = H(initial policy, items, sampling with P candidates, formatters, seed)
+    scores     = H(candidates, task reward)
+    pairs      = H(scores, pair_selection, pairs_per_sample, seed)
+    policy     = H(initial policy, pairs, dpo_beta, lr, epochs, batch, seed)             (MADPO)
+    rm         = H(pairs, backbone, reward lr/epochs/batch/max_length/freeze, seed)     (MARLHF)
+"""
+
+import random
+import time
+from collections import defaultdict
+
+from artifacts import ArtifactRef, ArtifactStore, key_for
+from schemas.config import RunConfig, rl_trainer_fields, validate_config
+from stages.agents.models import save_checkpoint
+from stages.common.seeds import derive_seed
+from stages.evaluate.evaluate import evaluate
+from stages.loops import budget as budget_mod
+from stages.loops.context import RunContext, formatters_for, make_context, resolve_model_sources
+from stages.loops.run import evaluate_checkpoint, run_segments
+from stages.loops.segment import acquire_policies
+from stages.rollout.generate import SamplingConfig, generate_rollouts
+from stages.score.pairs import build_pairs
+from stages.score.scores import score_rewards
+from stages.tasks.taskset import items_digest
+
+STAGE_VERSION = "1"
+
+
+# --- candidates, scores, pairs -------------------------------------------------------------------
+
+
+def candidate_sampling(cfg: RunConfig) -> SamplingConfig:
+    return SamplingConfig.of(cfg, cfg.trainer.preference_num_candidates)
+
+
+def preference_budget(ctx: RunContext) -> budget_mod.Budget:
+    """Counts of the candidate phase (P sequences per agent per item; one generate per agent)."""
+    t, n, items = ctx.cfg.trainer, ctx.n, len(ctx.train_items)
+    P = t.preference_num_candidates
+    n_eval = len(ctx.eval_items_used())
+    return budget_mod.Budget(updates=0, generate_calls=n, sequences=items * P * n, joint_actions=items * P,
+                             reward_calls=items * P, eval_sequences=n_eval * n)
+
+
+def candidates_key(ctx: RunContext) -> str:
+    fmt = [ctx.cfg.formatter_for(i).model_dump() for i in range(ctx.n)]
+    return key_for("rollouts", {"candidates": ctx.plan.start_key, "items": items_digest(ctx.train_items),
+                                "sampling": candidate_sampling(ctx.cfg).__dict__, "formatters": fmt,
+                                "seed": ctx.cfg.seed, "v": STAGE_VERSION})
+
+
+def scores_key(ctx: RunContext) -> str:
+    return key_for("scores", {"candidates": candidates_key(ctx), "reward": ctx.reward_id})
+
+
+def pairs_key(ctx: RunContext) -> str:
+    t = ctx.cfg.trainer
+    return key_for("pairs", {"scores": scores_key(ctx), "mode": t.pair_selection,
+                             "limit": t.preference_pairs_per_sample, "seed": ctx.cfg.seed})
+
+
+def generate_candidates(ctx: RunContext) -> tuple[ArtifactRef, ArtifactRef]:
+    """P aligned joint candidates per training item and their task-reward scores (cached by key)."""
+    store = ctx.store
+    ref, sref = store.find("rollouts", candidates_key(ctx)), store.find("scores", scores_key(ctx))
+    if ref is None:
+        pol = acquire_policies(ctx, None, ctx.plan.start_key)
+        fmts = formatters_for(ctx, pol)
+        prompts = [[f(it) for it in ctx.train_items] for f in fmts]
+        rows = generate_rollouts(pol, prompts, [it["_item_id"] for it in ctx.train_items], candidate_sampling(ctx.cfg),
+                                 ctx.cfg.seed, step=0)
+        ctx.session.live.put(ctx.plan.start_key, pol)  # the initial policy stays live for the DPO update
+        ctx.session.calls["generate"] += 1
+        ref = store.put_table("rollouts", candidates_key(ctx), rows)
+    if sref is None:
+        rows = store.read_rows(ref)
+        by_id = {it["_item_id"]: it for it in ctx.train_items}
+        scores = score_rewards(rows, by_id, ctx.caller, ctx.processor, "aligned", 0)
+        ctx.session.calls["score"] += 1
+        sref = store.put_table("scores", scores_key(ctx), scores)
+    return ref, sref
+
+
+def make_pairs(ctx: RunContext, cand: ArtifactRef, scores: ArtifactRef) -> ArtifactRef:
+    """The pairs artifact (rebuilt from the stored candidates and scores when the selection changes)."""
+    found = ctx.store.find("pairs", pairs_key(ctx))
+    if found is not None:
+        return found
+    t = ctx.cfg.trainer
+    rows = build_pairs(ctx.store.read_rows(cand), ctx.store.read_rows(scores), t.pair_selection,
+                       t.preference_pairs_per_sample, ctx.cfg.seed)
+    ctx.session.calls["pairs"] += 1
+    return ctx.store.put_table("pairs", pairs_key(ctx), rows)
+
+
+class NoPairs(ValueError):
+    """Every candidate set was tied: there is nothing to learn from."""
+
+
+def pairs_by_id(rows: list[dict]) -> dict[int, dict[int, dict]]:
+    """{pair_id: {agent: row}}; raises NoPairs with a clear message when there are none."""
+    out: dict[int, dict[int, dict]] = defaultdict(dict)
+    for r in rows:
+        out[r["pair_id"]][r["agent"]] = r
+    if not out:
+        raise NoPairs("no preference pairs: every item's candidates tied on the task reward (all rewards equal). "
+                      "Raise preference_num_candidates or temperature, or use a reward that separates the candidates")
+    return dict(out)
+
+
+# --- MADPO: DPO training -------------------------------------------------------------------------
+
+
+def dpo_key(ctx: RunContext) -> str:
+    t = ctx.cfg.trainer
+    return key_for("policy", {"init": ctx.plan.start_key, "pairs": pairs_key(ctx), "beta": t.dpo_beta,
+                              "lr": t.agent_learning_rate, "epochs": t.num_train_epochs, "batch": t.batch_size,
+                              "env": [t.use_environment_step, t.environment_steps_per_pair], "seed": ctx.cfg.seed})
+
+
+def train_dpo(ctx: RunContext, pairs: ArtifactRef, show_progress: bool = False) -> dict:
+    """DPO over the pairs: `num_train_epochs` seeded-shuffled passes in batches of train_batch_size pairs.
+
+    Returns {"checkpoint", "metrics", "steps", "cached"} refs (the metrics rows hold the curve)."""
+    from stages.update.dpo import dpo_update
+
+    store, cfg, t = ctx.store, ctx.cfg, ctx.cfg.trainer
+    key = dpo_key(ctx)
+    done = [store.find(k, key) for k in ("checkpoint", "metrics", "steps")]
+    if all(done):
+        return {"checkpoint": done[0], "metrics": done[1], "steps": done[2], "cached": True}
+    by_id = pairs_by_id(store.read_rows(pairs))
+    pol = acquire_policies(ctx, None, ctx.plan.start_key)
+    fmts = formatters_for(ctx, pol)
+    ids = sorted(by_id)
+    rng = random.Random(derive_seed(cfg.seed, "dpo-shuffle"))
+    env, updates, metric_rows, steps_rows, last = 0, 0, [], [], None
+    t0 = time.perf_counter()
+    try:
+        for epoch in range(t.num_train_epochs):
+            rng.shuffle(ids)
+            for b in range(0, len(ids), t.batch_size):
+                if t.eval_interval and t.eval_num_samples and updates % t.eval_interval == 0:
+                    ecaller, eproc, _ = ctx.eval_reward()
+                    _, em = evaluate(pol, ctx.eval_items[:t.eval_num_samples], fmts, ctx.sampling, ecaller, eproc,
+                                       derive_seed(cfg.seed, "eval", updates), ctx.episode, ctx.eval_hooks)
+                    ctx.session.calls["evaluate"] += 1
+                    metric_rows += [{"key": k, "value": v, "env_step": env} for k, v in em.items()]
+                chunk = ids[b:b + t.batch_size]
+                batch = {a: [by_id[p][a] for p in chunk] for a in range(ctx.n)}
+                m = dpo_update(pol, batch, t.dpo_beta)
+                ctx.session.calls["update"] += 1
+                updates += 1
+                if t.use_environment_step:
+                    env += t.environment_steps_per_pair * len(chunk)
+                reward_mean = sum(by_id[p][0]["candidate_reward_mean"] for p in chunk) / len(chunk)
+                if last is None or env - last >= t.logging_steps:
+                    last = env
+                    m.update({"turn_1/reward_mean": reward_mean, "turn_1/expected_return": reward_mean})
+                    metric_rows += [{"key": k, "value": v, "env_step": env} for k, v in m.items()]
+                steps_rows.append({"update": updates - 1, "epoch": epoch, "env_step": env, "rollouts": "",
+                                   "scores": "", "signal": pairs.key, "signal_kind": "pairs",
+                                   "reward_mean": reward_mean})
+    except BaseException:
+        ctx.session.live.clear()
+        raise
+    metric_rows.append({"key": "timing/train_s", "value": time.perf_counter() - t0, "env_step": env})
+    state = {"update": updates, "env_step": env, "algorithm": "madpo"}
+    pol.state = state
+    ckpt = store.put_dir("checkpoint", key, lambda d: save_checkpoint(pol, d, state))
+    ctx.session.live.put(key, pol)
+    return {"checkpoint": ckpt, "metrics": store.put_table("metrics", key, metric_rows),
+            "steps": store.put_table("steps", key, steps_rows), "cached": False}
+
+
+# --- MARLHF: reward model, then online RL on it --------------------------------------------------
+
+
+def rm_source(cfg: RunConfig) -> str:
+    return cfg.trainer.reward_model_name or cfg.agents.sources()[0]
+
+
+def rm_key(ctx: RunContext) -> str:
+    t = ctx.cfg.trainer
+    paths, ident = resolve_model_sources([rm_source(ctx.cfg)], ctx.cfg, ctx.store, "trainer.reward_model_name")
+    return key_for("reward_model", {"pairs": pairs_key(ctx), "backbone": ident, "lr": t.reward_learning_rate,
+                                    "epochs": t.reward_num_train_epochs, "batch": t.reward_train_batch_size,
+                                    "max_length": t.reward_max_length, "freeze": t.reward_freeze_backbone,
+                                    "seed": ctx.cfg.seed, "dtype": ctx.cfg.agents.dtype})
+
+
+def fit_rm(ctx: RunContext, pairs: ArtifactRef, key: str | None = None) -> tuple[ArtifactRef, dict[str, float]]:
+    """The fitted joint reward model (a `reward_model` dir artifact, stored under `key`, default rm_key) and
+    its accuracy/margin on the pairs. The model starts fresh from the backbone (trainer.reward_model_name)."""
+    from stages.fit.reward_model import fit_reward_model, load_reward_model, pair_texts, rank_metrics
+
+    t, store = ctx.cfg.trainer, ctx.store
+    texts = pair_texts(store.read_rows(pairs))
+    pairs_by_id(store.read_rows(pairs))  # clear error when there are no pairs
+    key = key or rm_key(ctx)
+    device = t.reward_model_device or ctx.cfg.agents.device
+    found = store.find("reward_model", key)
+    if found is not None:
+        rm = load_reward_model(store.open_dir(found), ctx.cfg.agents.dtype, device, t.reward_freeze_backbone,
+                               t.reward_max_length)
+        return found, rank_metrics(rm, texts)
+    paths, _ = resolve_model_sources([rm_source(ctx.cfg)], ctx.cfg, store, "trainer.reward_model_name")
+    rm = load_reward_model(paths[0], ctx.cfg.agents.dtype, device, t.reward_freeze_backbone, t.reward_max_length,
+                           derive_seed(ctx.cfg.seed, "reward_head") % (2 ** 31))
+    before = rank_metrics(rm, texts)
+    steps = fit_reward_model(rm, texts, t.reward_learning_rate, t.reward_num_train_epochs,
+                             t.reward_train_batch_size, derive_seed(ctx.cfg.seed, "rm-shuffle"))
+    ctx.session.calls["fit_reward_model"] += 1
+    metrics = {**rank_metrics(rm, texts), "reward_model/accuracy_before": before["reward_model/accuracy"],
+               "reward_model/loss_last": steps[-1]["loss"] if steps else float("nan")}
+    return store.put_dir("reward_model", key, rm.save), metrics
+
+
+def rl_config(cfg: RunConfig) -> RunConfig:
+    """The online RL run of a MARLHF config: its rl_algorithm's config, the shared trainer fields mapped over."""
+    t = cfg.trainer
+    data = cfg.model_dump(mode="json", exclude={"algorithm", "trainer"})
+    data["trainer"] = rl_trainer_fields(t, t.rl_algorithm)
+    if t.rl_algorithm == "maac" or (t.rl_algorithm == "iac" and t.use_separate_critic):
+        data["critic"] = {"critic_model": t.critic_model_name or cfg.agents.sources()[0]}
+    return validate_config(data, t.rl_algorithm)
+
+
+def load_rm_reward(ctx: RunContext, rm_ref: ArtifactRef):
+    """The frozen reward model of `rm_ref` as a reward function over the agents' joint answers."""
+    from stages.fit.reward_model import RewardModelReward, load_reward_model
+    from stages.tasks.formatters import build_formatter
+
+    cfg, t = ctx.cfg, ctx.cfg.trainer
+    rm = load_reward_model(ctx.store.open_dir(rm_ref), cfg.agents.dtype, t.reward_model_device or cfg.agents.device,
+                           t.reward_freeze_backbone, t.reward_max_length)
+    rm.requires_grad_(False)
+    return RewardModelReward(rm, [build_formatter(cfg.formatter_for(i)) for i in range(ctx.n)])
+
+
+def rl_context(ctx: RunContext, rm_ref: ArtifactRef, sources: list[str] | None = None,
+               source_ident: dict | None = None) -> RunContext:
+    """A RunContext for the RL phase whose training reward is the frozen reward model (starting from
+    `sources`, default the run's agents; `source_ident` names them in the keys)."""
+    return make_context(rl_config(ctx.cfg), ctx.store, ctx.taskset, sources, source_ident,
+                        reward_override=(load_rm_reward(ctx, rm_ref), {"reward_model": rm_ref.key}),
+                        session=ctx.session)
+
+
+# --- direct (no Prefect) -------------------------------------------------------------------------
+
+
+def preference_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef) -> RunContext:
+    """The run context of MADPO / MARLHF, its plan's budget counting the candidate phase."""
+    ctx = make_context(cfg, store, taskset)
+    est = preference_budget(ctx)
+    budget_mod.check(est, cfg.max_sequences)
+    return ctx.with_plan(budget=est)
+
+
+def run_preference_direct(cfg: RunConfig, store: ArtifactStore | None = None) -> dict:
+    """MADPO or MARLHF end to end by calling the stages directly; returns a summary dict."""
+    from stages.tasks.taskset import build_taskset
+
+    store = store or ArtifactStore(cfg.resolved_data_dir() / "artifacts")
+    ctx = preference_context(cfg, store, build_taskset(cfg.taskset, store))
+    try:
+        out = _preference_direct(ctx)
+    finally:
+        ctx.session.close()
+    out["executed"] = ctx.session.executed()
+    return out
+
+
+def _preference_direct(ctx: RunContext) -> dict:
+    cfg, store = ctx.cfg, ctx.store
+    cand, scores = generate_candidates(ctx)
+    pairs = make_pairs(ctx, cand, scores)
+    out: dict = {"candidates": cand.key, "pairs": pairs.key, "pair_count": len({r["pair_id"] for r in
+                                                                                 store.read_rows(pairs)})}
+    if cfg.algorithm == "madpo":
+        res = train_dpo(ctx, pairs)
+        _, ev = evaluate_checkpoint(ctx, res["checkpoint"])
+        rows = store.read_rows(res["metrics"])
+        out.update(checkpoint=str(store.open_dir(res["checkpoint"])), eval=ev, metrics=rows,
+                   env_steps=max((r["env_step"] for r in rows), default=0))
+        return out
+    rm_ref, rm_metrics = fit_rm(ctx, pairs)
+    rctx = rl_context(ctx, rm_ref)
+    res = run_segments(rctx)
+    _, ev = evaluate_checkpoint(rctx, res.checkpoint)
+    first, last = res.first_last()
+    out.update(reward_model=rm_ref.key, reward_model_metrics=rm_metrics, checkpoint=str(store.open_dir(res.checkpoint)),
+               eval=ev, rm_reward_first=first, rm_reward_last=last, env_steps=res.env_steps)
+    return out

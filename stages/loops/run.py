@@ -1,0 +1,223 @@
+"""The segment loop: every segment of an online RL run in order, and what follows training.
+
+`run_segments` is the one loop over a run's segments. The Prefect flows, the direct path, MARLHF's
+RL phase (offline and per iterative round) and the Python API all use it; a flow passes a
+`run_segment` that wraps `train_segment` in a Prefect task and an `on_segment` callback that logs
+each segment's metrics. A segment whose checkpoint is stored is returned without loading a model,
+so rerunning a finished run only re-reads its manifests.
+
+After training: `evaluate_checkpoint` (single-path evaluation with the task reward), `refit_critic`
+(re-fit the trained critics on the run's stored actor-critic samples, no generation) and `rescore`
+(score an earlier run's stored rollouts with this config's reward, no generation or training).
+"""
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from artifacts import ArtifactError, ArtifactRef, ArtifactStore, key_for
+from schemas.config import RunConfig
+from stages.agents.models import load_critic, save_critic
+from stages.common.seeds import derive_seed
+from stages.evaluate.evaluate import eval_metrics, evaluate, hook_metrics
+from stages.fit.critic import fit_critic, predict_values
+from stages.loops import actor_critic as AC
+from stages.loops.context import RunContext, formatters_for, is_actor_critic, make_context
+from stages.loops.keys import eval_key, scores_key
+from stages.loops.segment import SegmentResult, node_means, peek_policies, score_or_load, train_segment
+from stages.tasks.taskset import build_taskset
+
+
+# --- the segment loop ----------------------------------------------------------------------------
+
+
+@dataclass
+class TrainResult:
+    """What a run's segments produced: refs per segment, the final checkpoint and the reward curve."""
+
+    segments: list[SegmentResult] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)  # reward_mean of every update, in order
+    env_steps: int = 0
+
+    @property
+    def checkpoint(self) -> ArtifactRef | None:
+        return self.segments[-1].checkpoint if self.segments else None
+
+    @property
+    def steps_refs(self) -> list[ArtifactRef]:
+        return [s.steps for s in self.segments]
+
+    @property
+    def metrics_refs(self) -> list[ArtifactRef]:
+        return [s.metrics for s in self.segments]
+
+    def first_last(self) -> tuple[float | None, float | None]:
+        return first_last_fifth(self.rewards)
+
+
+SegmentRunner = Callable[[RunContext, int, "ArtifactRef | None", str], SegmentResult]
+
+
+def run_segments(ctx: RunContext, run_segment: SegmentRunner | None = None,
+                 on_segment: Callable[[int, SegmentResult], None] | None = None,
+                 show_progress: bool = False) -> TrainResult:
+    """Train (or reuse) every segment of the plan in order; `run_segment(ctx, i, start, start_key)`
+    defaults to `train_segment`, `on_segment(i, result)` is called after each."""
+    def default(c, i, start, start_key):
+        return train_segment(c, i, start, start_key, show_progress=show_progress)
+
+    run_segment = run_segment or default
+    out, ckpt, key = TrainResult(), None, ctx.plan.start_key
+    for i, end in enumerate(ctx.end_keys):
+        res = run_segment(ctx, i, ckpt, key)
+        if res.checkpoint.key != end:
+            raise RuntimeError(f"segment {i} produced policy {res.checkpoint.key}, planned {end}")
+        ckpt, key = res.checkpoint, end
+        steps = ctx.store.read_rows(res.steps)
+        out.segments.append(res)
+        out.rewards += [r["reward_mean"] for r in steps]
+        out.env_steps = steps[-1]["env_step"] if steps else out.env_steps
+        if on_segment is not None:
+            on_segment(i, res)
+    return out
+
+
+def run_direct(cfg: RunConfig, store: ArtifactStore | None = None, show_progress: bool = False,
+               metrics_refs: list | None = None) -> dict:
+    """Train and evaluate an online RL config by calling the stages directly (no Prefect, no MLflow).
+
+    Returns a summary (env_steps, reward_first/last, train/load/wall seconds, eval, checkpoint). The
+    benchmark measures the Prefect flow's overhead against this path. `train_seconds` is the training
+    loop (generate, score, update, checkpoint) without model loading (`load_seconds`); `wall_seconds`
+    covers everything up to the final evaluation.
+    """
+    store = store or ArtifactStore(cfg.resolved_data_dir() / "artifacts")
+    t0 = time.perf_counter()
+    ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
+    try:
+        res = run_segments(ctx, show_progress=show_progress)
+        if metrics_refs is not None:  # the caller wants every segment's metrics table (e.g. to log them)
+            metrics_refs.extend(res.metrics_refs)
+        wall_s = time.perf_counter() - t0
+        train_s, load_s = train_seconds(store, res.metrics_refs)
+        _, ev = evaluate_checkpoint(ctx, res.checkpoint)
+    finally:
+        ctx.session.close()
+    first, last = res.first_last()
+    return {"env_steps": res.env_steps, "reward_first": first, "reward_last": last, "train_seconds": train_s,
+            "load_seconds": load_s, "wall_seconds": wall_s, "env_steps_per_s": res.env_steps / train_s, "eval": ev,
+            "checkpoint": str(store.open_dir(res.checkpoint)), "executed": ctx.session.executed()}
+
+
+# --- after training ------------------------------------------------------------------------------
+
+
+def refit_critic(ctx: RunContext, ckpt: ArtifactRef, steps_refs: list[ArtifactRef]) -> tuple[ArtifactRef, dict]:
+    """Re-fit the trained critic(s) of `ckpt` on the run's stored samples (rollouts + ac_samples), no
+    generation: a `critic` artifact (agent_i/ for IAC, critic/ for MAAC) and the value loss before/after."""
+    cfg, t, store = ctx.cfg, ctx.cfg.trainer, ctx.store
+    if not is_actor_critic(cfg) or (cfg.algorithm == "iac" and not t.use_separate_critic):
+        raise ValueError("the 'critic' stage re-fits separate critics: it needs train-iac with use_separate_critic "
+                         "(a shared value head trains with its actor) or train-maac")
+    samples, ac_keys = [], []
+    for ref in steps_refs:
+        for step in store.read_rows(ref):
+            rows, ac = store.find("rollouts", step["rollouts"]), store.find(step["signal_kind"], step["signal"])
+            if rows is None or ac is None:
+                raise ArtifactError(f"stored samples of update {step['update']} not found; cannot re-fit the critic")
+            samples += AC.join_samples(ctx, store.read_rows(rows), store.read_rows(ac))
+            ac_keys.append(step["signal"])
+    c = cfg.critic
+    lr = c.refit_learning_rate or t.critic_lr
+    key = key_for("critic", {"checkpoint": ckpt.key, "samples": ac_keys, "epochs": c.refit_epochs, "lr": lr,
+                             "batch": t.batch_size, "seed": cfg.seed})
+    root = store.open_dir(ckpt)
+    if cfg.algorithm == "maac":
+        jobs = [("critic", root / "critic", samples)]
+    else:
+        jobs = [(f"agent_{i}", root / f"agent_{i}" / "critic", [s for s in samples if s["agent"] == i])
+                for i in range(ctx.n)]
+    a = cfg.agents
+    crits = [(name, load_critic(src, lr, None, a.dtype, a.attn_implementation, a.device), mine)
+             for name, src, mine in jobs]
+
+    def mse(crit, mine) -> float:
+        v = predict_values(crit, mine, t.critic_type)
+        return sum((s["value_target"] - x) ** 2 for s, x in zip(mine, v)) / max(1, len(mine))
+
+    metrics = {"critic_refit/value_loss_before": sum(mse(cr, m) for _, cr, m in crits) / len(crits)}
+    found = store.find("critic", key)
+    if found is None:
+        for _, crit, mine in crits:
+            fit_critic(crit, mine, t.critic_type, t.batch_size, c.refit_epochs, 1.0, cfg.seed)
+        found = store.put_dir("critic", key, lambda d: [save_critic(crit, d / name) for name, crit, _ in crits])
+        ctx.session.calls["fit_critic"] += 1
+    else:
+        crits = [(name, load_critic(store.open_dir(found) / name, lr, None, a.dtype, a.attn_implementation, a.device),
+                  mine) for name, _, mine in crits]
+    metrics["critic_refit/value_loss_after"] = sum(mse(cr, m) for _, cr, m in crits) / len(crits)
+    return found, metrics
+
+
+def rescore(ctx: RunContext, steps_refs: list[ArtifactRef]) -> list[dict]:
+    """Re-score the stored rollouts of an earlier run (its `steps` manifests) with this run's reward.
+
+    No generation and no training: per update, a new scores artifact (cached by key) and a
+    `rescore/turn_1/reward_mean` metric row at the update's env_step.
+    """
+    store = ctx.store
+    by_id = {it["_item_id"]: it for it in ctx.train_items}
+    out = []
+    for ref in steps_refs:
+        for step in store.read_rows(ref):
+            found = store.find("rollouts", step["rollouts"])
+            if found is None:
+                raise ArtifactError(f"stored rollouts of update {step['update']} ({step['rollouts']}) not found; "
+                                    "cannot re-score")
+            rows = store.read_rows(found)
+            base = step["env_step"] - len({(r["turn"], r["node_id"]) for r in rows}) * ctx.joint_actions_per_node()
+            _, scores = score_or_load(ctx, rows, by_id, scores_key(ctx, step["rollouts"], base), base)
+            means = node_means(scores)
+            out.append({"key": "rescore/turn_1/reward_mean", "value": sum(means) / len(means),
+                        "env_step": step["env_step"]})
+    return out
+
+
+def train_seconds(store: ArtifactStore, metrics_refs: list[ArtifactRef]) -> tuple[float, float]:
+    """(training seconds without model loading, model loading seconds) summed over segments' stored metrics."""
+    train = load = 0.0
+    for ref in metrics_refs:
+        for r in store.read_rows(ref):
+            if r["key"] == "timing/train_s":
+                train += r["value"]
+            elif r["key"] == "timing/load_s":
+                load += r["value"]
+    return train, load
+
+
+def first_last_fifth(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean of the first and last fifth of a series (at least one value each)."""
+    if not values:
+        return None, None
+    k = max(1, math.floor(len(values) / 5))
+    return sum(values[:k]) / k, sum(values[-k:]) / k
+
+
+def evaluate_checkpoint(ctx: RunContext, ckpt: ArtifactRef) -> tuple[ArtifactRef, dict[str, float]]:
+    """Evaluate a checkpoint on the eval split (eval_num_samples items; all when 0) -> eval artifact + metrics."""
+    items = ctx.eval_items_used()
+    key = eval_key(ctx, ckpt.key)
+    found = ctx.store.find("eval", key)
+    if found is not None:
+        rows = ctx.store.read_rows(found)
+        metrics = eval_metrics(rows)
+        if ctx.eval_hooks:  # hook metrics are computed from the stored rows, not stored themselves
+            metrics.update(hook_metrics(rows, items, ctx.n, ctx.episode.num_turns, *ctx.eval_hooks))
+        return found, metrics
+    pol = peek_policies(ctx, ckpt)
+    ecaller, eproc, _ = ctx.eval_reward()
+    rows, metrics = evaluate(pol, items, formatters_for(ctx, pol), ctx.sampling, ecaller, eproc,
+                             derive_seed(ctx.cfg.seed, "final-eval"), ctx.episode, ctx.eval_hooks)
+    ctx.session.calls["evaluate"] += 1
+    return ctx.store.put_table("eval", key, rows), metrics

@@ -1,0 +1,353 @@
+"""One training segment of online RL: the update loop that chains the stages, then a checkpoint.
+
+MAGRPO in plain words: every agent samples K answers to the same task; the K joint answers are
+scored with one shared reward; each agent's answer is reinforced by how much better its joint
+answer scored than the group's baseline (mean, none, max or leave-one-out), and every agent takes
+one policy-gradient step on its own answers. IAC/MAAC replace the group baseline by a critic's
+value (see `stages.loops.actor_critic`). One update per `rollout_buffer_size` node samples:
+
+    generate (tree, depth by depth) + score → advantages | ac_samples → update policies
+
+Each stage writes its Parquet artifact under the chained keys of `stages.loops.keys`. A **segment**
+is a run of updates ending in a checkpoint (`checkpoint_every` updates, default one epoch).
+Resuming a killed run reloads the segment's start checkpoint and *replays* the updates whose
+rollouts are already stored (no generation), so no completed step is lost; a fully stored segment
+returns its refs without loading a model.
+"""
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from artifacts import ArtifactRef
+from stages.agents.checkpoint import CheckpointLayout
+from stages.agents.models import load_critic, load_policies, save_checkpoint
+from stages.agents.workers import WorkerPolicies, agent_devices
+from stages.common.seeds import derive_seed
+from stages.common.user_code import load_callable
+from stages.evaluate.evaluate import evaluate
+from stages.loops import actor_critic as AC
+from stages.loops.context import RunContext, Update, formatters_for, is_actor_critic
+from stages.loops.keys import UpdateKeys, scores_key, update_keys
+from stages.rollout.tree import generate_tree
+from stages.score.advantages import compute_advantages, joint_returns, tree_children
+from stages.update.policy_gradient import update_policies
+
+
+def score_or_load(ctx: RunContext, rows: list[dict], by_id: dict[int, dict], key: str,
+                  env_step_base: int) -> tuple[ArtifactRef, list[dict]]:
+    """The scores artifact `key`: read it when stored, else score the rollout rows and store them."""
+    ref = ctx.store.find("scores", key)
+    if ref is not None:
+        return ref, ctx.store.read_rows(ref)
+    scores = ctx.episode.score(rows, by_id, ctx.caller, ctx.processor, env_step_base)
+    ctx.session.calls["score"] += 1
+    return ctx.store.put_table("scores", key, scores), scores
+
+
+# --- policies at a segment boundary --------------------------------------------------------------
+
+
+def _open_policies(ctx: RunContext, sources: list, optimizer_files: list | None, state: dict,
+                   checkpoint: CheckpointLayout | None = None):
+    """In-process Policies, or one worker process per agent when parallel_training is 'mp'.
+
+    `checkpoint`: the checkpoint the sources come from (its critics and optimizer states are loaded too).
+    """
+    a, t = ctx.cfg.agents, ctx.cfg.trainer
+    devices = agent_devices(t.agent_devices, ctx.n, a.device)
+    # The frozen references are always the *initial* agent sources (also when resuming a checkpoint).
+    refs = list(ctx.sources) if t.reference_kl_enabled else None
+    rdev = agent_devices(t.reference_devices, ctx.n, devices[0]) if t.reference_devices else devices
+    critics = ctx.critic_paths
+    if checkpoint is not None and ctx.cfg.algorithm == "iac" and critics:
+        critics = [str(checkpoint.agent_critic(i)) for i in range(ctx.n)]
+    specs = AC.agent_specs(ctx.cfg, critics, devices, checkpoint)
+    if t.parallel_training == "mp":
+        pol = WorkerPolicies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, devices,
+                             optimizer_files, refs, rdev, specs)
+    else:
+        pol = load_policies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, a.device, optimizer_files,
+                            refs, rdev, specs)
+    if ctx.cfg.algorithm == "maac":
+        src = str(checkpoint.central_critic) if checkpoint is not None else ctx.critic_paths[0]
+        cdev = agent_devices(t.critic_devices, 1, devices[0])[0]
+        pol.critic = load_critic(src, t.critic_lr, t.critic_value_head_hidden_dim, a.dtype, a.attn_implementation, cdev,
+                                 checkpoint.central_critic_optimizer if checkpoint is not None else None,
+                                 pol.tokenizers[0], derive_seed(ctx.cfg.seed, "central_critic_head"))
+    pol.state = state
+    return pol
+
+
+def open_checkpoint(ctx: RunContext, ckpt: ArtifactRef, with_optimizers: bool = True):
+    """Load the policies of a stored checkpoint (its optimizer states unless `with_optimizers` is False)."""
+    lay = CheckpointLayout(ctx.store.open_dir(ckpt))
+    dirs, opts, state = lay.sources(ctx.n)
+    return _open_policies(ctx, [str(d) for d in dirs], opts if with_optimizers else None, state,
+                          lay if with_optimizers else None)
+
+
+def acquire_policies(ctx: RunContext, start: ArtifactRef | None, start_key: str):
+    """Live policies for a segment start: in-memory when possible, else the checkpoint, else the sources."""
+    pol = ctx.session.live.take(start_key)
+    if pol is not None:
+        return pol
+    ctx.session.live.clear()
+    if start is None:
+        return _open_policies(ctx, ctx.sources, None, {"update": 0, "env_step": 0, "last_logged": None})
+    return open_checkpoint(ctx, start)
+
+
+def peek_policies(ctx: RunContext, ckpt: ArtifactRef):
+    """Policies of a checkpoint for read-only use (evaluation), reusing the live copy if it matches."""
+    pol = ctx.session.live.peek(ckpt.key)
+    if pol is None:
+        pol = open_checkpoint(ctx, ckpt)
+        ctx.session.live.put(ckpt.key, pol)
+    return pol
+
+
+# --- one segment ---------------------------------------------------------------------------------
+
+
+@dataclass
+class SegmentResult:
+    """Refs a finished segment produced (all artifacts) and what actually ran."""
+
+    checkpoint: ArtifactRef
+    steps: ArtifactRef
+    metrics: ArtifactRef
+    executed: dict = field(default_factory=dict)
+    cached: bool = False
+
+
+def turn_metrics(scores: list[dict], rollouts: list[dict], returns: dict[tuple, float],
+                 kl_coef: float | None = None) -> dict[str, float]:
+    """Per turn t: turn_t/reward_mean (mean of node mean rewards), turn_t/expected_return (mean of node
+    mean returns), node counts, and turn_t/reference_kl_mean / _penalty_mean when reference KL is on."""
+    nodes: dict[tuple, list[tuple[float, float]]] = {}
+    for s in scores:
+        node = (s["step"], s["turn"], s["node_id"])
+        nodes.setdefault(node, []).append((s["reward"], returns[node + (s["joint_idx"],)]))
+    out: dict[str, float] = {}
+    for turn in sorted({n[1] for n in nodes}):
+        mine = [v for n, v in nodes.items() if n[1] == turn]
+        p = f"turn_{turn + 1}/"
+        out[p + "reward_mean"] = sum(sum(r for r, _ in v) / len(v) for v in mine) / len(mine)
+        out[p + "expected_return"] = sum(sum(R for _, R in v) / len(v) for v in mine) / len(mine)
+        if len(nodes) > len(mine) or turn > 0:
+            out[p + "nodes"] = float(len(mine))
+        if kl_coef is not None:
+            kls = [r["ref_kl"] for r in rollouts if r["turn"] == turn]
+            out[p + "reference_kl_mean"] = sum(kls) / len(kls)
+            out[p + "reference_kl_penalty_mean"] = kl_coef * sum(kls) / len(kls)
+    return out
+
+
+def domain_metrics(ctx: RunContext, rows: list[dict], scores: list[dict]) -> dict[str, float]:
+    """The user's metrics_callback over this update's samples (empty without one)."""
+    if not ctx.cfg.metrics_callback:
+        return {}
+    fn = load_callable(ctx.cfg.metrics_callback, "metrics_callback")
+    joint = {(s["step"], s["turn"], s["node_id"], s["joint_idx"]): s for s in scores}
+    samples = []
+    for r in rows:
+        s = joint.get((r["step"], r["turn"], r["node_id"], r["sample"]))
+        reward = (s["agent_rewards"][r["agent"]] if s and s["agent_rewards"] else s["reward"] if s else None)
+        samples.append({k: r[k] for k in ("item_id", "turn", "agent", "sample", "prompt", "completion_text")}
+                       | {"reward": reward})
+    out = fn(samples)
+    if not isinstance(out, dict):
+        raise TypeError(f"metrics_callback {ctx.cfg.metrics_callback!r} must return a dict of floats, got "
+                        f"{type(out).__name__}")
+    return {str(k): float(v) for k, v in out.items()}
+
+
+def node_means(scores: list[dict]) -> list[float]:
+    """Mean reward of each node (item × turn) of a scores table."""
+    nodes: dict[tuple, list[float]] = {}
+    for s in scores:
+        nodes.setdefault((s["turn"], s["node_id"]), []).append(s["reward"])
+    return [sum(v) / len(v) for v in nodes.values()]
+
+
+def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, start_key: str,
+                  show_progress: bool = False) -> SegmentResult:
+    """Run (or replay) the updates of one segment and write its checkpoint, steps and metrics.
+
+    A segment whose checkpoint, steps and metrics are all stored returns them without loading a model.
+    """
+    from tqdm.auto import tqdm
+
+    store, cfg, t = ctx.store, ctx.cfg, ctx.cfg.trainer
+    seg = ctx.plan.segments[seg_index]
+    ends = ctx.end_keys
+    end_key = ends[seg_index]
+    done = [store.find(kind, end_key) for kind in ("checkpoint", "steps", "metrics")]
+    if all(done):  # the whole segment is already stored: nothing to run
+        return SegmentResult(done[0], done[1], done[2], {}, cached=True)
+    t_load = time.perf_counter()
+    pol = acquire_policies(ctx, start, start_key)
+    t_train = time.perf_counter()
+    fmts = formatters_for(ctx, pol)
+    state = dict(pol.state)
+    policy_key = start_key
+    steps_rows, metric_rows = [], []
+    executed: Counter = Counter()
+    timing: Counter = Counter()
+    gen_tokens = 0
+    epoch_acc: dict = {}
+    bar = tqdm(seg, desc=f"{cfg.algorithm} segment {seg_index + 1}/{len(ctx.plan.segments)}", unit="update",
+               disable=not show_progress, leave=False)
+    try:
+        for u in bar:
+            keys = update_keys(ctx, policy_key, u)
+            items = [ctx.train_items[i] for i in u.item_ids]
+            by_id = {it["_item_id"]: it for it in items}
+            base = state.get("env_step", 0)  # env_step before this update (run-time count)
+            # --- periodic evaluation (before the update whose items cross an eval_interval boundary)
+            if t.eval_interval and t.eval_num_samples and any(i % t.eval_interval == 0 for i in u.item_ids):
+                t0 = time.perf_counter()
+                ecaller, eproc, _ = ctx.eval_reward()
+                _, em = evaluate(pol, ctx.eval_items[:t.eval_num_samples], fmts, ctx.sampling, ecaller,
+                                 eproc, derive_seed(cfg.seed, "eval", u.index), ctx.episode, ctx.eval_hooks)
+                ctx.session.calls["evaluate"] += 1
+                timing["eval_s"] += time.perf_counter() - t0
+                metric_rows += [{"key": k, "value": v, "env_step": base} for k, v in em.items()]
+            # --- generate the trees, scoring each depth (or replay stored rollouts, no generation)
+            t0 = time.perf_counter()
+            sk = scores_key(ctx, keys.rollouts, base)
+            ref = store.find("rollouts", keys.rollouts)
+            if ref is None:
+                rows, scores = generate_tree(pol, items, fmts, ctx.sampling, ctx.episode, ctx.caller, ctx.processor,
+                                             cfg.seed, u.index, base)
+                ref = store.put_table("rollouts", keys.rollouts, rows)
+                sref = store.find("scores", sk) or store.put_table("scores", sk, scores)
+                ctx.session.calls["generate"] += 1
+                ctx.session.calls["score"] += 1
+                executed["generate"] += 1
+                gen_tokens += sum(r["length"] for r in rows)
+                timing["generate_s"] += time.perf_counter() - t0
+                t0 = time.perf_counter()
+            else:
+                rows = store.read_rows(ref)
+                executed["replayed"] += 1
+                t0 = time.perf_counter()
+                sref, scores = score_or_load(ctx, rows, by_id, sk, base)
+            # --- advantages + update: the algorithm's strategy (critic-free baseline or actor-critic)
+            step_fn = _actor_critic_update if is_actor_critic(cfg) else _baseline_update
+            aref, per_turn, um = step_fn(ctx, pol, rows, scores, keys, u, timing, t0)
+            per_turn.update(domain_metrics(ctx, rows, scores))
+            executed["update"] += 1
+            policy_key = keys.policy_after
+            # --- metrics (the reference's names, per turn, gated by logging_steps)
+            means = node_means(scores)
+            reward_mean = sum(means) / len(means)
+            env_step = scores[-1]["env_step"]
+            last = state.get("last_logged")
+            if last is None or env_step - last >= t.logging_steps:
+                state["last_logged"] = env_step
+                metric_rows += [{"key": k, "value": v, "env_step": env_step} for k, v in per_turn.items()]
+                metric_rows += [{"key": k, "value": v, "env_step": env_step} for k, v in um.items()]
+            if cfg.algorithm == "maac":
+                metric_rows += _epoch_metrics(ctx, u, per_turn, epoch_acc, env_step)
+            steps_rows.append({"update": u.index, "epoch": u.epoch, "env_step": env_step, "rollouts": ref.key,
+                               "scores": sref.key, "signal": aref.key, "signal_kind": aref.kind,
+                               "reward_mean": reward_mean})
+            state.update(update=u.index + 1, env_step=env_step, epoch=u.epoch)
+            bar.set_postfix(reward=f"{reward_mean:.3f}", env_step=env_step)
+    except BaseException:
+        ctx.session.live.clear()  # the in-memory weights are mid-segment: never reuse them
+        raise
+    finally:
+        bar.close()
+    # --- checkpoint + segment manifest
+    t0 = time.perf_counter()
+    state["segment_keys"] = ends[:seg_index + 1]
+    pol.state = state
+    ckpt_key = policy_key  # a checkpoint is stored under the key of the policy version it holds
+    ckpt = store.put_dir("checkpoint", ckpt_key, lambda d: save_checkpoint(pol, d, state))
+    ctx.session.calls["checkpoint"] += 1
+    timing["checkpoint_s"] += time.perf_counter() - t0
+    timing["load_s"] = t_train - t_load
+    timing["train_s"] = time.perf_counter() - t_train  # the update loop + checkpoint, without model loading
+    ctx.session.live.put(ckpt_key, pol)
+    env_end = state["env_step"]
+    total_t = sum(timing[k] for k in ("generate_s", "score_s", "update_s"))
+    for k, v in timing.items():
+        metric_rows.append({"key": f"timing/{k}", "value": v, "env_step": env_end})
+    if timing["generate_s"] > 0:
+        metric_rows.append({"key": "timing/generate_tokens_per_s", "value": gen_tokens / timing["generate_s"],
+                            "env_step": env_end})
+    if total_t > 0:
+        n_env = env_end - seg[0].env_step_base
+        metric_rows.append({"key": "timing/env_steps_per_s", "value": n_env / total_t, "env_step": env_end})
+    steps = store.put_table("steps", ckpt_key, steps_rows)
+    metrics = store.put_table("metrics", ckpt_key, metric_rows)
+    return SegmentResult(ckpt, steps, metrics, dict(executed))
+
+
+def _baseline_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict], keys: UpdateKeys, u: Update,
+                     timing: Counter, t0: float):
+    """MAGRPO family: tree returns and group-baseline advantages (stored, or computed), then the update."""
+    t, cfg = ctx.cfg.trainer, ctx.cfg
+    children = tree_children(rows)
+    aref = ctx.store.find("advantages", keys.advantages)
+    if aref is None:
+        node_item = {(r["step"], r["turn"], r["node_id"]): r["item_id"] for r in rows}
+        kls = ({(r["step"], r["turn"], r["node_id"], r["agent"], r["sample"]): r["ref_kl"] for r in rows}
+               if t.reference_kl_enabled else None)
+        adv = compute_advantages(scores, node_item, ctx.n, t.num_generations, t.joint_mode, cfg.advantage_mode,
+                                 t.advantage_normalization, kls, t.reference_kl_coef, children, t.discount)
+        aref = ctx.store.put_table("advantages", keys.advantages, adv)
+        ctx.session.calls["advantages"] += 1
+    else:
+        adv = ctx.store.read_rows(aref)
+    timing["score_s"] += time.perf_counter() - t0
+    t1 = time.perf_counter()
+    um = update_policies(pol, rows, adv, t.batch_size, cfg.seed, u.index, t.loss_on_padding)
+    ctx.session.calls["update"] += 1
+    timing["update_s"] += time.perf_counter() - t1
+    per_turn = turn_metrics(scores, rows, joint_returns(scores, children, t.discount),
+                            t.reference_kl_coef if t.reference_kl_enabled else None)
+    return aref, per_turn, um
+
+
+def _actor_critic_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict], keys: UpdateKeys, u: Update,
+                        timing: Counter, t0: float):
+    """IAC/MAAC: ac_samples (stored, or computed from the critics' old values) then the updates."""
+    t = ctx.cfg.trainer
+    aref = ctx.store.find("ac_samples", keys.advantages)
+    if aref is None:
+        samples = AC.build_samples(ctx, pol, rows, scores)
+        aref = ctx.store.put_table("ac_samples", keys.advantages,
+                                   [{k: s[k] for k in AC.AC_COLUMNS} for s in samples])
+        ctx.session.calls["advantages"] += 1
+    else:
+        samples = AC.join_samples(ctx, rows, ctx.store.read_rows(aref))
+    timing["score_s"] += time.perf_counter() - t0
+    t1 = time.perf_counter()
+    um = AC.update(ctx, pol, samples, ctx.cfg.seed, u.index)
+    ctx.session.calls["update"] += 1
+    timing["update_s"] += time.perf_counter() - t1
+    per_turn = AC.turn_metrics(samples, um, t.reference_kl_coef if t.reference_kl_enabled else None)
+    return aref, per_turn, um
+
+
+def _epoch_metrics(ctx: RunContext, u: Update, per_turn: dict[str, float], acc: dict, env_step: int) -> list[dict]:
+    """MAAC's epoch-end means `turn_t/epoch_*` (accumulated over the epoch's updates in this segment)."""
+    names = {"reward_mean": "epoch_reward_mean", "expected_return": "epoch_avg_return",
+             "value_pred_mean": "epoch_value_pred_mean", "value_target_mean": "epoch_value_target_mean",
+             "policy_loss": "epoch_policy_loss", "value_loss": "epoch_value_loss"}
+    for k, v in per_turn.items():
+        turn, _, name = k.partition("/")
+        if name in names and turn.startswith("turn_"):
+            acc.setdefault(f"{turn}/{names[name]}", []).append(v)
+    last_of_epoch = u.index + 1 >= len(ctx.plan.updates) or ctx.plan.updates[u.index + 1].epoch != u.epoch
+    if not last_of_epoch:
+        return []
+    out = [{"key": k, "value": sum(v) / len(v), "env_step": env_step} for k, v in sorted(acc.items())]
+    acc.clear()
+    return out
+
+

@@ -1,0 +1,63 @@
+"""The live resources of one run, apart from its (immutable) plan.
+
+A `Session` holds what a run creates while it runs and what must not leak into the next run:
+
+- `live`: the policies left in memory by the last segment or round, valid for exactly one
+  checkpoint key, so the next segment continues from them instead of reloading the checkpoint that
+  was just written (and mp worker processes are started once per run, not once per segment);
+- `calls`: how many times each stage body actually ran (generate, score, advantages, update,
+  evaluate, checkpoint, ...); cached stages do not count. The run summary's `executed` is this.
+
+Every run gets its own session (`make_context` creates one unless it is handed the parent run's, as
+MARLHF's RL phase is); `close()` stops whatever the live policies hold (worker processes).
+"""
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+class LivePolicies:
+    """One live policy group, valid for exactly one checkpoint key (in-process reuse)."""
+
+    def __init__(self) -> None:
+        self.key: str | None = None
+        self.policies = None
+
+    def take(self, key: str):
+        """The live policies if they are exactly checkpoint `key` (the caller now owns them), else None."""
+        if self.key == key and self.policies is not None:
+            pol, self.key, self.policies = self.policies, None, None
+            return pol
+        return None
+
+    def peek(self, key: str):
+        """The live policies if they are checkpoint `key`, still owned by the cache; else None."""
+        return self.policies if self.key == key else None
+
+    def put(self, key: str, policies) -> None:
+        """Keep `policies` as checkpoint `key` (closing whatever was kept before)."""
+        if self.policies is not None and self.policies is not policies:
+            self.policies.close()
+        self.key, self.policies = key, policies
+
+    def clear(self) -> None:
+        """Drop (and close) the kept policies."""
+        if self.policies is not None:
+            self.policies.close()
+        self.key, self.policies = None, None
+
+
+@dataclass
+class Session:
+    """Mutable per-run resources: the live-policy cache and the stage-body counters."""
+
+    live: LivePolicies = field(default_factory=LivePolicies)
+    calls: Counter = field(default_factory=Counter)
+
+    def executed(self) -> dict[str, int]:
+        """Stage bodies that ran in this session, by name (what the run summary reports)."""
+        return {k: v for k, v in self.calls.items() if v}
+
+    def close(self) -> None:
+        """Release the live policies (stops mp worker processes)."""
+        self.live.clear()

@@ -1,0 +1,144 @@
+"""Stage: generate rollouts — K sampled completions per agent per item, batched.
+
+For each agent: **one** `generate` call over all items × K completions (prompts repeated K times,
+left-padded), under `inference_mode`, with the sampling settings of the run. Each completion is
+cut after its first EOS (the EOS itself is kept as the last action token, pads after it are
+dropped). Its text — what the reward sees — ends at the first EOS or pad token, as in the
+reference (a pad sampled mid-completion ends the text; when pad == EOS the two rules agree), and
+is decoded without special tokens. Sampling is reproducible and independent of
+resumption: the RNG is seeded per (run seed, update, agent).
+
+Output rows (schema `rollouts`): step, item_id, turn, node_id, agent, sample, prompt,
+prompt_ids, completion_ids, completion_text, length, finished, ref_kl (k3 KL to the frozen
+reference model when reference KL is on, else 0), parent_node, parent_joint (tree links, -1 at roots).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from stages.agents import decode as fast_decode
+from stages.agents.state import PolicyGroup
+from stages.common.seeds import derive_seed
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Sampling settings for generate (from the trainer config)."""
+
+    num_generations: int
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int | None
+    backend: str = "auto"  # auto: the KV-cache loop (stages/fast_decode.py) where the model supports it; hf: generate
+
+    @classmethod
+    def of(cls, cfg, k: int) -> "SamplingConfig":
+        """k samples per prompt with a run config's sampling settings and generation backend."""
+        t = cfg.trainer
+        return cls(k, t.max_new_tokens, t.temperature, t.top_p, t.top_k, cfg.agents.generation_backend)
+
+    def with_k(self, k: int) -> "SamplingConfig":
+        """The same settings with k samples per prompt."""
+        from dataclasses import replace
+
+        return replace(self, num_generations=k)
+
+    def generation_config(self, tok):
+        from transformers import GenerationConfig
+
+        return GenerationConfig(
+            do_sample=True, num_beams=1, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+            top_p=self.top_p, top_k=self.top_k or 0, pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id, bos_token_id=None)
+
+
+def trim_completion(row: list[int], eos_id: int | None) -> tuple[list[int], bool]:
+    """Cut a generated row after its first EOS; returns (token ids incl. EOS, finished)."""
+    if eos_id is not None and eos_id in row:
+        e = row.index(eos_id)
+        return row[:e + 1], True
+    return row, False
+
+
+@torch.inference_mode()
+def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: SamplingConfig, seed: int,
+                       reference=None):
+    """One batched generate: per (prompt, sample) a tuple (prompt_ids, completion_ids, text, finished, ref_kl).
+
+    ref_kl is the k3 KL to `reference` (a frozen model) summed over the completion, 0.0 without one.
+    """
+    empty = [i for i, p in enumerate(prompts) if not p]
+    if empty:
+        raise ValueError(f"empty prompt for item(s) at position {empty}: every agent prompt needs text")
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    device = next(model.parameters()).device
+    input_ids = enc["input_ids"].repeat_interleave(k, dim=0).to(device)
+    attn = enc["attention_mask"].repeat_interleave(k, dim=0).to(device)
+    if input_ids.shape[1] == 0:
+        raise ValueError("empty prompt: every agent prompt must contain at least one token")
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+    if device.type == "cuda":
+        torch.cuda.manual_seed_all(seed)
+    if sampling.backend == "auto" and fast_decode.supports(model):
+        new = fast_decode.sample(model, input_ids, attn, sampling.max_new_tokens, sampling.temperature,
+                                 sampling.top_k, sampling.top_p, tok.eos_token_id, tok.pad_token_id)
+    else:
+        new = model.generate(input_ids=input_ids, attention_mask=attn,
+                             generation_config=sampling.generation_config(tok))[:, input_ids.shape[1]:]
+    if was_training:
+        model.train()
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    rows = []
+    seqs = new.tolist()
+    for r, row in enumerate(seqs):
+        mask = attn[r].tolist()
+        p_ids = [t for t, m in zip(input_ids[r].tolist(), mask) if m]
+        c_ids, finished = trim_completion(row, eos)
+        text_ids = c_ids[:-1] if finished else c_ids
+        if pad is not None and pad in text_ids:  # the reference's reward text ends at the first pad token
+            text_ids = text_ids[:text_ids.index(pad)]
+        text = tok.decode(text_ids, skip_special_tokens=True)
+        rows.append([p_ids, c_ids, text, finished, 0.0])
+    if reference is not None:
+        from stages.agents.reference_kl import k3_kl
+
+        kls = k3_kl(model, reference, [r[0] for r in rows], [r[1] for r in rows], tok.pad_token_id)
+        for r, kl in zip(rows, kls):
+            r[4] = kl
+    return [tuple(r) for r in rows]
+
+
+def generate_op(agent, prompts: list[str], k: int, sampling: SamplingConfig, seed: int) -> list[tuple]:
+    """Per-agent op: `generate_for_agent` on one live agent (with its frozen reference when KL is on)."""
+    return generate_for_agent(agent.model, agent.tokenizer, prompts, k, sampling, seed, agent.reference)
+
+
+def generate_rollouts(policies: PolicyGroup, agent_prompts: list[list[str]], item_ids: list[int],
+                      sampling: SamplingConfig, seed: int, step: int, turn: int = 0,
+                      node_ids: list[int] | None = None, parents: list[tuple[int, int]] | None = None) -> list[dict]:
+    """Rollout rows for every agent × node × sample; agent_prompts[i][j] is agent i's prompt at node j.
+
+    Node j belongs to item `item_ids[j]`, has id `node_ids[j]` (default j) and tree parent
+    `parents[j]` = (parent node id, parent joint action index), (-1, -1) at a root.
+    """
+    k = sampling.num_generations
+    node_ids = node_ids if node_ids is not None else list(range(len(item_ids)))
+    parents = parents if parents is not None else [(-1, -1)] * len(item_ids)
+    outs = policies.run(generate_op, [(agent_prompts[a], k, sampling, derive_seed(seed, step, turn, a))
+                                     for a in range(policies.n)])
+    rows: list[dict] = []
+    for agent, gen in enumerate(outs):
+        for j, item_id in enumerate(item_ids):
+            for s in range(k):
+                p_ids, c_ids, text, finished, kl = gen[j * k + s]
+                rows.append({"step": step, "item_id": item_id, "turn": turn, "node_id": node_ids[j], "agent": agent,
+                             "sample": s, "prompt": agent_prompts[agent][j], "prompt_ids": p_ids,
+                             "completion_ids": c_ids, "completion_text": text, "length": len(c_ids),
+                             "finished": finished, "ref_kl": kl, "parent_node": parents[j][0],
+                             "parent_joint": parents[j][1]})
+    return rows

@@ -1,0 +1,119 @@
+"""Stage: compute returns and advantages per agent completion (spec §2.1.4–2.1.5).
+
+Per node, agent i's return for its own completion k:
+- aligned / single agent: the joint return of joint action k (shared by all agents);
+- cross: the **sum** of the joint returns of all K^(N-1) joint actions containing completion k.
+
+Joint returns over a multi-turn tree (post-order): a leaf joint action's return is its reward; an
+internal one's is r_j + discount · mean(returns of its child node's joint actions). Single turn:
+return = reward.
+
+Advantage over the K returns R of one group (node × agent):
+- mean:  A = R − mean(R)                         (MAGRPO)
+- raw:   A = R                                   (MAREINFORCE)
+- max:   A = R − max(R)                          (MAReMax)
+- rloo:  A_k = R_k − mean_{l≠k} R_l              (MARLOO; G ≤ 1 falls back to mean)
+then, if normalization is on and G > 1: A ← (A − mean A) / max(std_pop(A), 1e-6).
+"""
+
+from collections import defaultdict
+
+import torch
+
+from stages.agents.reference_kl import apply_reference_kl
+
+ADVANTAGE_MODES = ("mean", "raw", "max", "rloo")
+
+
+def advantages(returns: torch.Tensor, mode: str, normalize: bool, eps: float = 1e-6) -> torch.Tensor:
+    """Advantages of one group of G returns (1-D tensor)."""
+    R = returns.double()
+    G = R.numel()
+    if mode == "raw":
+        A = R.clone()
+    elif mode == "max":
+        A = R - R.max()
+    elif mode == "rloo" and G > 1:
+        A = (G * R - R.sum()) / (G - 1)
+    elif mode in ("mean", "rloo"):
+        A = R - R.mean()
+    else:
+        raise ValueError(f"advantage_mode must be one of {ADVANTAGE_MODES}, got {mode!r}")
+    if normalize and G > 1:
+        A = (A - A.mean()) / torch.clamp(A.std(unbiased=False), min=eps)
+    return A
+
+
+def tree_children(rollouts: list[dict]) -> dict[tuple, dict[int, tuple]]:
+    """{parent node key: {joint_idx: child node key}} from rollout rows' parent links (empty for one turn)."""
+    out: dict[tuple, dict[int, tuple]] = defaultdict(dict)
+    for r in rollouts:
+        if r.get("parent_node", -1) >= 0:
+            out[(r["step"], r["turn"] - 1, r["parent_node"])][r["parent_joint"]] = (r["step"], r["turn"], r["node_id"])
+    return dict(out)
+
+
+def joint_returns(scores: list[dict], children: dict[tuple, dict[int, tuple]] | None = None,
+                  discount: float = 1.0) -> dict[tuple, float]:
+    """{(step, turn, node_id, joint_idx): return}: reward plus discount × mean return of the child node."""
+    by_node: dict[tuple, list[dict]] = defaultdict(list)
+    for s in scores:
+        by_node[(s["step"], s["turn"], s["node_id"])].append(s)
+    children = children or {}
+    out: dict[tuple, float] = {}
+    for node in sorted(by_node, key=lambda k: -k[1]):  # deepest turn first: children are done before parents
+        kids = children.get(node, {})
+        for s in by_node[node]:
+            R = s["reward"]
+            child = kids.get(s["joint_idx"])
+            if child is not None:
+                cr = [out[child + (j["joint_idx"],)] for j in by_node[child]]
+                R += discount * sum(cr) / len(cr)
+            out[node + (s["joint_idx"],)] = R
+    return out
+
+
+def per_agent_returns(scores: list[dict], num_agents: int, k: int, joint_mode: str,
+                      returns: dict[tuple, float] | None = None) -> dict:
+    """{(step, turn, node_id): [agent][sample] -> return} from the node's joint returns (default: rewards)."""
+    by_node: dict[tuple, list[dict]] = defaultdict(list)
+    for s in scores:
+        by_node[(s["step"], s["turn"], s["node_id"])].append(s)
+    out = {}
+    for node, rows in by_node.items():
+        rets = [[0.0] * k for _ in range(num_agents)]
+        for r in rows:
+            R = returns[node + (r["joint_idx"],)] if returns is not None else r["reward"]
+            for a in range(num_agents):
+                if joint_mode == "cross" and num_agents > 1:
+                    rets[a][r["combo"][a]] += R
+                else:
+                    rets[a][r["combo"][a]] = R
+        out[node] = rets
+    return out
+
+
+def compute_advantages(scores: list[dict], item_of_node: dict[tuple, int], num_agents: int, k: int,
+                       joint_mode: str, mode: str, normalize: bool, kls: dict[tuple, float] | None = None,
+                       kl_coef: float = 0.0, children: dict[tuple, dict[int, tuple]] | None = None,
+                       discount: float = 1.0) -> list[dict]:
+    """Advantage rows (schema `advantages`) for every node × agent × sample.
+
+    With `kls` ({(step, turn, node_id, agent, sample): KL}), each return first becomes R − kl_coef·KL
+    (the reference-KL adjustment, applied per agent to its own completions before the baseline); the
+    stored `return` is the adjusted one. `children` (from `tree_children`) links multi-turn nodes.
+    """
+    rows = []
+    jr = joint_returns(scores, children, discount)
+    for node, rets in sorted(per_agent_returns(scores, num_agents, k, joint_mode, jr).items()):
+        step, turn, node_id = node
+        for a in range(num_agents):
+            own = rets[a]
+            if kls is not None:
+                own = apply_reference_kl(own, [kls[node + (a, s)] for s in range(k)], kl_coef)
+            R = torch.tensor(own, dtype=torch.float64)
+            A = advantages(R, mode, normalize)
+            for s in range(k):
+                rows.append({"step": step, "item_id": item_of_node[node], "turn": turn, "node_id": node_id,
+                             "agent": a, "sample": s, "return": float(R[s]), "advantage": float(A[s])})
+    return rows

@@ -1,0 +1,182 @@
+"""Reward functions: built-ins, user functions by import path, the reference's call dispatch.
+
+A reward function scores a *joint action* (one completion per agent) with one shared float. Its
+call shape is inferred once from its signature, as CoMLRL 1.4.3 does (spec §8.1):
+
+- `*args`                     -> fn(c_1, ..., c_N)            (one list per agent)
+- N required positionals      -> fn(c_1, ..., c_N)
+- N+1 required positionals    -> fn(prompts, c_1, ..., c_N)
+- 1 required positional, N>1  -> fn([c_1, ..., c_N])
+- single agent: 1 -> fn(c), else fn(prompts, c)
+- `batch_items=` / `prompts=` keywords are passed when declared (or when it takes **kwargs).
+
+The result (tensor, list, tuple or scalar) is coerced to a list of floats; element 0 is the
+joint action's reward. A `TypeError` falls back to fn(c_1, ..., c_N). Reward processors map every
+raw reward (`scale:100`, `clamp:-1:1`, ...), as the reference's `RewardProcessors`.
+"""
+
+import functools
+import hashlib
+import inspect
+import math
+from collections.abc import Callable
+from typing import Any
+
+from stages.common.user_code import load_callable
+
+
+# --- built-in rewards ----------------------------------------------------------------------------
+
+
+def length_ratio(c1: list[str], c2: list[str], lo: float = 2.0, hi: float = 3.0) -> list[float]:
+    """1.0 when len(c2)/len(c1) is in [lo, hi] (characters), else exp(-distance to it); 0 if c1 is empty."""
+    out = []
+    for a, b in zip(c1, c2):
+        if len(a) == 0:
+            out.append(0.0)
+            continue
+        r = len(b) / len(a)
+        out.append(1.0 if lo <= r <= hi else math.exp(-(lo - r if r < lo else r - hi)))
+    return out
+
+
+length_ratio.reward_range = (0.0, 1.0)  # type: ignore[attr-defined]
+
+BUILTIN_REWARDS: dict[str, Callable] = {"length_ratio": length_ratio}
+
+
+def resolve_reward(name: str, kwargs: dict | None = None) -> Callable:
+    """Built-in reward by name, or a user function by import path, with kwargs bound."""
+    fn = BUILTIN_REWARDS.get(name) or load_callable(name, "reward")
+    if kwargs:
+        bound = functools.partial(fn, **kwargs)
+        functools.update_wrapper(bound, fn)
+        return bound
+    return fn
+
+
+def reward_identity(name: str, kwargs: dict | None = None, processor: str | None = None) -> dict:
+    """What a cached score depends on: name, kwargs, processor and the function's source hash."""
+    fn = BUILTIN_REWARDS.get(name) or load_callable(name, "reward")
+    try:
+        src = inspect.getsource(fn)
+    except (OSError, TypeError):
+        src = getattr(fn, "__qualname__", repr(fn))
+    return {"name": name, "kwargs": kwargs or {}, "processor": processor,
+            "source_sha256": hashlib.sha256(src.encode()).hexdigest()[:16]}
+
+
+# --- dispatch ------------------------------------------------------------------------------------
+
+
+class RewardCaller:
+    """Calls a reward function with the shape its signature asks for (resolved once)."""
+
+    def __init__(self, fn: Callable, num_agents: int):
+        self.fn, self.n = fn, num_agents
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):
+            params = []
+        kinds = inspect.Parameter
+        self.varargs = any(p.kind == kinds.VAR_POSITIONAL for p in params)
+        self.varkw = any(p.kind == kinds.VAR_KEYWORD for p in params)
+        names = {p.name for p in params}
+        self.positional = sum(1 for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+                              and p.default is inspect.Parameter.empty)
+        self.wants_items = "batch_items" in names or self.varkw
+        self.wants_prompts_kw = "prompts" in names or self.varkw
+
+    def _args(self, per_agent: list[list[str]], prompts: list[str]) -> tuple[list, bool]:
+        """Positional args and whether prompts went positionally."""
+        if self.varargs:
+            return list(per_agent), False
+        if self.n == 1:
+            return ([per_agent[0]], False) if self.positional <= 1 else ([prompts, per_agent[0]], True)
+        if self.positional == self.n + 1:
+            return [prompts, *per_agent], True
+        if self.positional == 1:
+            return [list(per_agent)], False
+        return list(per_agent), False
+
+    def __call__(self, per_agent: list[list[str]], prompts: list[str], items: list[dict]) -> list[float]:
+        """Score joint action(s): per_agent[i] is agent i's list of completions (aligned by index)."""
+        args, prompts_positional = self._args(per_agent, prompts)
+        kw: dict[str, Any] = {}
+        if self.wants_items:
+            kw["batch_items"] = items
+        if self.wants_prompts_kw and not prompts_positional and ("prompts" not in kw):
+            kw["prompts"] = prompts
+        try:
+            out = self.fn(*args, **kw)
+        except TypeError:
+            out = self.fn(*per_agent)
+        return to_floats(out)
+
+    def call_cross(self, per_agent: list[list[str]], items: list[dict]) -> list[float]:
+        """Cross mode calls the function directly (only batch_items is detected, spec §2.1.2)."""
+        kw = {"batch_items": items} if "batch_items" in _param_names(self.fn) else {}
+        try:
+            out = self.fn(*per_agent, **kw)
+        except TypeError:
+            out = self.fn([c[0] for c in per_agent])
+        return to_floats(out)
+
+
+def _param_names(fn: Callable) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def to_floats(out: Any) -> list[float]:
+    """Coerce a reward function's output to a list of floats."""
+    if hasattr(out, "detach"):
+        out = out.detach().cpu().reshape(-1).tolist()
+    elif hasattr(out, "tolist") and not isinstance(out, (list, tuple)):
+        out = out.tolist()  # numpy scalars and arrays
+    if isinstance(out, (int, float)):
+        return [float(out)]
+    try:
+        vals = [float(x) for x in out]
+    except TypeError:
+        raise TypeError(f"reward function returned {type(out).__name__}; expected a float or a list of floats") from None
+    if not vals:
+        raise ValueError("reward function returned an empty list")
+    return vals
+
+
+# --- reward processors ---------------------------------------------------------------------------
+
+
+def _exp_scale(factor: float, x: float) -> float:
+    return math.exp(factor * x) - 1 if x > 0 else -math.exp(-factor * x) + 1
+
+
+def resolve_processor(spec: str | None) -> Callable[[float], float]:
+    """Parse a processor spec: identity | clamp:MIN:MAX | scale:F | sigmoid_scale | exponential_scale:F |
+    normalize_by_length:MAX (no length known at score time: identity) | 'module:function'."""
+    if spec is None or spec == "identity":
+        return lambda x: x
+    name, *args = spec.split(":")
+    try:
+        nums = [float(a) for a in args]
+    except ValueError:
+        nums = None
+    if nums is not None:
+        if name == "scale" and len(nums) == 1:
+            return lambda x, f=nums[0]: x * f
+        if name == "clamp" and len(nums) in (0, 2):
+            lo, hi = nums if nums else (-10.0, 10.0)
+            return lambda x: min(hi, max(lo, x))
+        if name == "sigmoid_scale" and not nums:
+            return lambda x: 1.0 / (1.0 + math.exp(-x))
+        if name == "exponential_scale" and len(nums) == 1:
+            return functools.partial(_exp_scale, nums[0])
+        if name == "normalize_by_length" and len(nums) <= 1:
+            return lambda x: x
+    if ":" in spec and nums is None:
+        return load_callable(spec, "reward processor")
+    raise ValueError(f"unknown reward processor {spec!r}; use identity, clamp:MIN:MAX, scale:F, sigmoid_scale, "
+                     f"exponential_scale:F, normalize_by_length:MAX or 'module:function'")
