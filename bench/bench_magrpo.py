@@ -11,12 +11,12 @@ What one run does:
    (built by ../shared/bench/make_tiny_model.py; SHARED_DIR overrides the shared bench dir). The
    SAME model dirs are loaded by both sides.
 2. per workload: waits for a quiet machine, runs the peer harness (comlrl_peer.py) in the peer venv,
-   waits again, runs coopflow's direct path (stages.run_direct.run_direct) in a child process of this
+   waits again, runs coopflow's direct path (stages.loops.run.run_direct) in a child process of this
    python with a fresh data dir. Both children are metered from here (wall, CPU, and how many cores
    *other* processes kept busy meanwhile: 'others_busy_cores', 0 = clean, ~2 = heavy contention).
 3. flow overhead (workload b, coopflow only): one child with a fresh COOPFLOW_HOME runs a warm-up flow
    (ephemeral Prefect server start, imports, MLflow DB creation excluded), then times
-   flows.train.train_magrpo(config=...) and stages.run_direct.run_direct(cfg) on the same fresh work
+   flows.train.train_magrpo(config=...) and stages.loops.run.run_direct(cfg) on the same fresh work
    (same config and seed; new taskset file and data dir, so nothing is cached; --flow-repeats pairs,
    median reported).
 4. prints a table and writes every raw result to --out.
@@ -161,7 +161,7 @@ def _add_loop_rate(summary: dict, data_dir: Path) -> dict:
 
 
 def child_direct(spec: dict) -> None:
-    """Workload run: stages.run_direct.run_direct on a fresh data dir; prints MARK + summary JSON."""
+    """Workload run: stages.loops.run.run_direct on a fresh data dir; prints MARK + summary JSON."""
     import torch
 
     torch.set_num_threads(THREADS)

@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field by dotted path (repeatable)")
     r.add_argument("--summary-json", help="write the run summary to this JSON file")
-    r.add_argument("--stages", nargs="+", help="run only these stages (taskset train evaluate score)")
+    r.add_argument("--stages", nargs="+", help="run only these stages (taskset train evaluate score critic)")
     r.add_argument("--refresh", nargs="+", default=[], help="recompute these stages even if cached (evaluate)")
     r.add_argument("--rescore-from", help="run_key of an earlier run whose stored rollouts 'score' re-scores")
     r.add_argument("--continue-run", help="MLflow run id of a shorter run of this config to continue (e.g. after "

@@ -1,7 +1,9 @@
-"""Prefect flows: the MAGRPO family (train-magrpo, -mareinforce, -marloo, -maremax) and actor-critic
-(train-iac, train-maac) — the same graph of stages; the segment stage runs the algorithm's update.
+"""Prefect flows: train-magrpo, -mareinforce, -marloo, -maremax, -iac, -maac, -madpo, -marlhf, -madpo-iter
+and -marlhf-iter.
 
-The four flows are one graph with a different default advantage mode:
+The MAGRPO family (train-magrpo, -mareinforce, -marloo, -maremax) and actor-critic (train-iac, train-maac)
+flows are one graph of stages; the segment stage runs the algorithm's update (for the MAGRPO family, the
+same update with a different default advantage mode):
 
     build-taskset → prepare-agents → train-segment ×S → evaluate      (and optionally rescore)
 
@@ -27,7 +29,6 @@ from prefect.utilities.annotations import quote
 from artifacts import ArtifactError, ArtifactRef, ArtifactStore
 from flows.tracking import CurvePNG, Tracker, tracker_for
 from schemas.config import ConfigError, RunConfig, load_config
-from stages.agents.checkpoint import CheckpointLayout
 from stages.loops import context as C
 from stages.loops import run as R
 from stages.loops.keys import eval_key
@@ -169,45 +170,28 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
                                    "budget": ctx.plan.budget.as_dict(), "warnings": list(ctx.plan.warnings)}
 
         # --- train (segment by segment; cached segments return their stored refs)
-        ckpt, steps_refs, steps_rows, cached, metric_refs = None, [], [], [], []
+        trained = None
         if "train" in stages:
             if "train" in refresh:
                 raise ConfigError("refresh=['train'] is not supported: training artifacts are input-addressed and "
                                   "never stale; change the seed or config to train anew")
 
             def track_segment(i: int, res: SegmentResult) -> None:
-                cached.append(res.cached)
                 if not (continue_run and res.cached):  # a continued run already has those points
                     tracker.log_metrics(store.read_rows(res.metrics))
                 tracker.record(f"checkpoint.segment_{i}", res.checkpoint)
 
             trained = R.run_segments(ctx, segment_runner(show_progress), track_segment)
-            ckpt, steps_refs, metric_refs = trained.checkpoint, trained.steps_refs, trained.metrics_refs
         elif "evaluate" in stages or "critic" in stages:
-            ckpt = store.find("checkpoint", run_key)
-            if ckpt is None:
-                raise ConfigError("no trained checkpoint for this config yet: run the 'train' stage first")
-            steps_refs = [store.find("steps", k) for k in ends]
-            metric_refs = [r for r in (store.find("metrics", k) for k in ends) if r is not None]
-        train_s, load_s = R.train_seconds(store, metric_refs)
-        for ref in steps_refs:
-            if ref is not None:
-                tracker.record("steps", ref)
-                rows = store.read_rows(ref)
-                steps_rows += rows
-                for r in rows:  # every artifact an update read or wrote
-                    for kind, key in (("rollouts", r["rollouts"]), ("scores", r["scores"]),
-                                      (r["signal_kind"], r["signal"])):
-                        found = store.find(kind, key) if key else None
-                        if found:
-                            tracker.record(kind, found)
-        env_steps = steps_rows[-1]["env_step"] if steps_rows else 0
-        if ckpt is not None:
+            trained = R.stored_training(ctx)
+        ckpt = trained.checkpoint if trained else None
+        steps_rows = trained.steps_rows if trained else []
+        env_steps = trained.env_steps if trained else 0
+        if trained:
+            for kind, ref in R.run_lineage(store, trained):
+                tracker.record(kind, ref)
             tracker.record("checkpoint.final", ckpt, tag=True)
-            first, last = R.first_last_fifth([r["reward_mean"] for r in steps_rows])
-            summary.update(env_steps=env_steps, reward_first=first, reward_last=last, train_seconds=train_s,
-                           load_seconds=load_s, env_steps_per_s=(env_steps / train_s) if train_s > 0 else None,
-                           checkpoint=str(store.open_dir(ckpt)), segments_cached=cached)
+            summary.update(R.training_summary(store, trained))
 
         # --- evaluate
         curve = CurvePNG(steps_rows, f"{algorithm} {run_key[:8]}") if tracker.enabled and steps_rows else None
@@ -221,14 +205,14 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
         if "critic" in stages:
             if ckpt is None:
                 raise ConfigError("no trained checkpoint for this config yet: run the 'train' stage first")
-            cref, cm = refit_critic_task(quote(ctx), ckpt, [r for r in steps_refs if r is not None])
+            cref, cm = refit_critic_task(quote(ctx), ckpt, trained.steps_refs)
             tracker.record("critic", cref, tag=True)
             tracker.log_metrics([{"key": k, "value": v, "env_step": env_steps} for k, v in cm.items()], flush=False)
             summary["critic_refit"] = {**cm, "artifact": str(store.open_dir(cref))}
 
         # --- re-score stored rollouts of an earlier run with this config's reward
         if "score" in stages:
-            src = [store.find("steps", k) for k in _segment_keys_of(store, rescore_from)]
+            src = [store.find("steps", k) for k in R.segment_keys_of(store, rescore_from)]
             rows = rescore_task(quote(ctx), src)
             tracker.log_metrics(rows, flush=False)
             vals = [r["value"] for r in rows]
@@ -257,14 +241,6 @@ def _check_continuation(tracker: Tracker, run_id: str, ends: list[str]) -> None:
     if prev_key not in ends:
         raise ConfigError(f"continue_run={run_id!r} trained run_key {prev_key!r}, which is not a segment of this "
                           "config's training; only a longer run of the same config (e.g. more epochs) can continue it")
-
-
-def _segment_keys_of(store: ArtifactStore, run_key: str) -> list[str]:
-    """Segment end keys of an earlier run, read from its final checkpoint's trainer state."""
-    ck = store.find("checkpoint", run_key)
-    if ck is None:
-        raise ConfigError(f"rescore_from={run_key!r}: no such run (no checkpoint with that run_key in {store.root})")
-    return CheckpointLayout(store.open_dir(ck)).trainer_state().get("segment_keys", [run_key])
 
 
 def _log_run_files(tracker: Tracker, store: ArtifactStore, cfg: RunConfig, summary: dict, steps: list[dict],
@@ -397,7 +373,7 @@ def run_preference(algorithm: str, config: dict | None, config_path: str | None,
         tracker.finish(ok)
 
 
-# --- the four flows (same graph, different default advantage mode) -----------------------------
+# --- the MAGRPO-family and actor-critic flows (same graph, the algorithm's update) --------------
 
 
 def _run_name() -> str:

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 
 ALGORITHM_ADVANTAGE = {"magrpo": "mean", "mareinforce": "raw", "marloo": "rloo", "maremax": "max"}
-"""Each MAGRPO-family algorithm is MAGRPO with a different default `advantage_mode` (spec §2.2)."""
+"""Each MAGRPO-family algorithm is MAGRPO with a different default `advantage_mode`; nothing else differs."""
 
 JOINT_MODE_ALIASES = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
 
@@ -52,7 +52,8 @@ class _Strict(BaseModel):
 
 
 class AgentsConfig(_Strict):
-    """Which causal LMs act as agents (spec §2.3 and §10 source rules)."""
+    """Which causal LMs act as agents: `agent_model` alone is copied to all N agents, `agents` alone gives one per
+    agent (N = its length); both only if `agents` lists N copies of `agent_model`."""
 
     agent_model: str | None = Field(
         None, description="One model for all agents (homogeneous): 'tiny' (built locally), a local dir or an HF id.")
@@ -122,7 +123,7 @@ class TasksetConfig(_Strict):
 
 
 class RewardConfig(_Strict):
-    """The shared reward of a joint action (spec §8.1)."""
+    """The shared reward of a joint action: one float for one completion per agent (a team reward)."""
 
     name: str = Field("length_ratio", description="Built-in reward name or an import path 'module:function'.")
     kwargs: dict[str, Any] = Field(default_factory=dict,
@@ -146,7 +147,7 @@ class RewardConfig(_Strict):
 
 
 class TransitionConfig(_Strict):
-    """The environment step between turns: builds each agent's next prompt (spec §8.3)."""
+    """The environment step between turns: builds each agent's next prompt from the last joint answer."""
 
     name: str = Field("plain", description="plain (show the previous answers, ask to revise) | feedback (also tell "
                                            "the agents the joint answer's score and lengths) | 'module:function'.")
@@ -158,7 +159,7 @@ class TransitionConfig(_Strict):
 
 
 class FormatterConfig(_Strict):
-    """How an agent's prompt is built from a task item (spec §8.2)."""
+    """How an agent's prompt is built from a task item (one formatter for all agents, or one per agent)."""
 
     template: str | None = Field(
         None, description="Python format string over the item's fields, e.g. 'Write briefly: {prompt}'. "
@@ -284,7 +285,7 @@ class _IACFields(_Strict):
 
 
 class MAGRPOConfig(_TrainerBase):
-    """CoMLRL 1.4.3 `MAGRPOConfig` fields with the reference's defaults and checks (spec §6.1)."""
+    """CoMLRL 1.4.3 `MAGRPOConfig` fields with its defaults and checks (e.g. num_generations >= 2)."""
 
     num_generations: int = _override(_TrainerBase, "num_generations", 4, ge=2)
     joint_mode: str = Field("aligned", description="aligned (K joint actions) | cross (K^N, Cartesian product); "
@@ -342,7 +343,7 @@ class MAReMaxConfig(MAGRPOConfig):
 
 
 class ActorCriticConfig(_CriticFields, _TrainerBase):
-    """Fields shared by CoMLRL 1.4.3's `IACConfig` and `MAACConfig` (spec §6.2–6.3), same defaults."""
+    """Fields shared by CoMLRL 1.4.3's `IACConfig` and `MAACConfig`, with the same defaults."""
 
     num_train_epochs: int = _override(_TrainerBase, "num_train_epochs", 40)
     logging_steps: int = _override(_TrainerBase, "logging_steps", 1)
@@ -367,7 +368,7 @@ class ActorCriticConfig(_CriticFields, _TrainerBase):
 
 
 class IACConfig(_IACFields, ActorCriticConfig):
-    """CoMLRL 1.4.3 `IACConfig`: independent actor-critic, one critic per agent (spec §3.3, §6.2)."""
+    """CoMLRL 1.4.3 `IACConfig`: independent actor-critic, one critic per agent (others count as environment)."""
 
     @model_validator(mode="after")
     def _post_iac(self) -> "IACConfig":
@@ -377,7 +378,7 @@ class IACConfig(_IACFields, ActorCriticConfig):
 
 
 class MAACConfig(ActorCriticConfig):
-    """CoMLRL 1.4.3 `MAACConfig`: one centralized critic over the joint history (spec §3.4, §6.3)."""
+    """CoMLRL 1.4.3 `MAACConfig`: one centralized critic over the joint history, shared by every agent's update."""
 
     @model_validator(mode="after")
     def _post_maac(self) -> "MAACConfig":
@@ -387,7 +388,7 @@ class MAACConfig(ActorCriticConfig):
 
 
 class CriticConfig(_Strict):
-    """Critic model sources (IAC separate critics, MAAC's central critic); spec §3.3–3.4."""
+    """Critic model sources: IAC separate critics take one per agent (or one, broadcast), MAAC exactly one."""
 
     critic_model: str | None = Field(None, description="One critic source ('tiny', a local dir or an HF id); IAC "
                                                        "broadcasts it to every agent.")
@@ -555,7 +556,7 @@ RL_ALIASES = {"magrpo": "magrpo", "mareinforce": "mareinforce", "mareforce": "ma
 
 
 class MADPOConfig(MAGRPOConfig):
-    """CoMLRL 1.4.3 `MADPOConfig` (spec §6.4): MAGRPOConfig's fields with single-turn defaults plus preferences."""
+    """CoMLRL 1.4.3 `MADPOConfig`: MAGRPOConfig's fields with single-turn defaults plus preferences."""
 
     num_train_epochs: int = _override(MAGRPOConfig, "num_train_epochs", 20, "Passes over the preference pairs (DPO) "
                                                                              "/ RL epochs (MARLHF).")
@@ -586,7 +587,7 @@ class MADPOConfig(MAGRPOConfig):
 
 
 class MARLHFConfig(_IACFields, _CriticFields, MADPOConfig):
-    """CoMLRL 1.4.3 `MARLHFConfig` (spec §6.5): a joint reward model fit on the pairs, then online RL on it (the
+    """CoMLRL 1.4.3 `MARLHFConfig`: a joint reward model fit on the pairs, then online RL on it (the
     critic fields go to a maac/iac backend, see `rl_trainer_fields`)."""
 
     rl_algorithm: str = Field("magrpo", description="RL backend on the frozen reward model: magrpo | mareinforce | "
@@ -673,7 +674,7 @@ COMPARATOR_ALIASES = {"current": "current", "self": "current", "online": "curren
 
 
 class MADPOIterConfig(MADPOConfig):
-    """CoMLRL 1.4.3 `MADPOIterConfig` (spec §6.6): rounds of target-vs-comparator pairs, replay, DPO."""
+    """CoMLRL 1.4.3 `MADPOIterConfig`: rounds of target-vs-comparator pairs, replay, DPO."""
 
     num_iterations: int = Field(6, ge=1, description="Rounds (iterations); a scheduled run adds rounds up to this.")
     num_train_epochs: int = _override(MADPOConfig, "num_train_epochs", 1, "DPO passes over each round's training "
@@ -752,7 +753,7 @@ class MADPOIterRunConfig(RunConfig):
 
 
 class MARLHFIterConfig(MADPOIterConfig, MARLHFConfig):
-    """CoMLRL 1.4.3 `MARLHFIterConfig` (spec §6.6): per round a fresh joint reward model on the round's training
+    """CoMLRL 1.4.3 `MARLHFIterConfig`: per round a fresh joint reward model on the round's training
     pairs, then the RL backend on it."""
 
     num_train_epochs: int = _override(MADPOIterConfig, "num_train_epochs", 2, "RL epochs per round (over the "

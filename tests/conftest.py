@@ -62,3 +62,15 @@ def prefect_harness():
     with prefect_test_harness(server_startup_timeout=180):
         with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             yield
+
+
+@pytest.fixture
+def pinned_threads():
+    """One torch thread in this process, restored after: runs compared for exact equality (in-process vs mp
+    workers, which split this process's thread count between them) then reduce floats in the same order."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield 1
+    torch.set_num_threads(before)

@@ -259,7 +259,7 @@ def test_refit_critic_from_stored_samples_lowers_value_loss_without_generating(t
 
 
 @pytest.mark.parametrize("algo, devices", [("iac", {"critic_devices": ["cpu", "cpu"]}), ("maac", {"critic_devices": "cpu"})])
-def test_mp_workers_match_in_process_actor_critic(tmp_path, algo, devices):
+def test_mp_workers_match_in_process_actor_critic(tmp_path, algo, devices, pinned_threads):
     """IAC critics live in the agents' worker processes, MAAC's critic in the main one: same results as in-process."""
     from safetensors.torch import load_file
 

@@ -1,4 +1,4 @@
-"""Advantages and per-agent returns against hand-computed numbers (spec §2.1.4–2.1.5)."""
+"""Advantages and per-agent returns against hand-computed numbers."""
 
 import itertools
 

@@ -1,4 +1,4 @@
-"""Run config: the reference's MAGRPOConfig defaults and checks (spec §6.1), loading and overrides."""
+"""Run config: CoMLRL 1.4.3's MAGRPOConfig defaults and checks, loading and overrides."""
 
 import json
 

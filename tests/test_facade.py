@@ -279,7 +279,8 @@ def test_eval_logger_and_aggregator_add_eval_metrics(tiny_model_dir, tmp_path):
     def eval_logger(agent_completions_turns, test_cases, entry_points, prompts):
         seen.update(shape=(len(agent_completions_turns), len(agent_completions_turns[0]),
                            len(agent_completions_turns[0][0])), prompts=prompts)
-        return [len(a[0]) + len(b[0]) for a, b in zip(*agent_completions_turns)]  # turn-1 chars per item
+        seen["chars"] = [len(a[0]) + len(b[0]) for a, b in zip(*agent_completions_turns)]  # turn-1 chars per item
+        return seen["chars"]
 
     def eval_aggregator(detailed, num_turns):
         return {"turn_1/chars_mean": sum(detailed) / len(detailed), "note": "dropped"}
@@ -289,7 +290,8 @@ def test_eval_logger_and_aggregator_add_eval_metrics(tiny_model_dir, tmp_path):
                        args=_small(MAGRPOConfig, eval_num_samples=3), data_dir=str(tmp_path))
     m = tr.evaluate()
     assert seen["shape"] == (2, 3, 1) and seen["prompts"] == PROMPTS[:3]  # [agent][item][turn]
-    assert m["eval/turn_1/chars_mean"] >= 0 and "eval/note" not in m
+    # the aggregator's float metric is logged under eval/ (its mean of the logger's values); non-floats are dropped
+    assert m["eval/turn_1/chars_mean"] == pytest.approx(sum(seen["chars"]) / 3) and "eval/note" not in m
 
 
 @pytest.mark.slow

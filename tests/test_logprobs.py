@@ -151,7 +151,7 @@ def test_trim_completion():
 
 
 def _reference_node_loss(model, node, pad):
-    """CoMLRL 1.4.3's per-completion loss, written out literally (spec §2.1.6): rows padded to the node's
+    """CoMLRL 1.4.3's per-completion loss, written out literally: rows padded to the node's
     longest, one forward per row on prompt ‖ row[:-1], logits[P-1:-1], mean of -logp·A over scored rows."""
     longest = max(len(c["completion_ids"]) for c in node)
     total, n = torch.tensor(0.0), 0

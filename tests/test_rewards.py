@@ -1,4 +1,4 @@
-"""Built-in reward, the reference's reward-call dispatch (spec §8.1) and reward processors."""
+"""Built-in reward, CoMLRL 1.4.3's reward-call dispatch and reward processors."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Joint actions and reward scoring on hand-made rollout rows (spec §2.1.2)."""
+"""Joint actions and reward scoring on hand-made rollout rows."""
 
 import math
 import random

@@ -12,7 +12,7 @@ import torch
 
 from artifacts import ArtifactStore
 from schemas.config import validate_config
-from stages.loops.context import plan_segments, plan_updates
+from stages.loops.plan import plan_segments, plan_updates
 from stages.loops.run import run_direct
 from tests.conftest import small_config
 
@@ -112,7 +112,7 @@ def test_kill_and_resume_loses_no_completed_step(tmp_path):
     assert resumed["reward_first"] == clean["reward_first"] and resumed["reward_last"] == clean["reward_last"]
 
 
-def test_mp_workers_match_in_process_training(tmp_path):
+def test_mp_workers_match_in_process_training(tmp_path, pinned_threads):
     """parallel_training=mp (one worker process per agent) gives the same samples and weights as in-process."""
     trainer = {**small_config(tmp_path)["trainer"], "num_generations": 2}
     local = run_direct(validate_config(small_config(tmp_path / "local", trainer=trainer)))

@@ -1,4 +1,4 @@
-"""`RewardProcessors`: the reference's reward post-processors (spec §8.1), as coopflow processor specs.
+"""`RewardProcessors`: CoMLRL 1.4.3's reward post-processors (applied to every raw reward), as coopflow processor specs.
 
 Each factory returns a callable float -> float that also carries `.spec`, the string coopflow's configs
 use (`reward.processor`), so a trainer given `RewardProcessors.scale(10)` and a flow given

@@ -1,7 +1,7 @@
 """Batched sequence log-probabilities: one padded, masked forward for many completions.
 
 log π(a|h) of a completion is the **sum** of its token log-probs given the prompt (never
-length-normalized, spec §1). Prompts are left-padded and completions right-padded into one
+length-normalized, as in CoMLRL 1.4.3). Prompts are left-padded and completions right-padded into one
 batch `[B, P + C]`; position ids skip the left pads; logits at positions P-1 .. P+C-2 predict
 the completion tokens; tokens past each completion's length are masked out (so pads after EOS
 never enter the loss).

@@ -1,4 +1,4 @@
-"""KL to a frozen reference model (spec §2.1.7), estimated at generation time.
+"""KL to a frozen reference model, estimated at generation time.
 
 Per completion, Schulman's k3 estimator summed over the response tokens:
 

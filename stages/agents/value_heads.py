@@ -1,4 +1,4 @@
-"""Value heads and critics for the actor-critic family (spec §3.1).
+"""Value heads and critics for the actor-critic family.
 
 A value head is Linear(hidden, d) → Tanh → Linear(d, 1) on the LM's last hidden state (d =
 `value_head_hidden_dim`, default the hidden size), weights N(0, 0.02), biases zero. A critic is a

@@ -1,8 +1,8 @@
 """Per-agent worker processes (`parallel_training: mp`): agents generate and update concurrently.
 
 Each agent lives in its own persistent process (spawned once per run, reused across segments) on
-its own device from `agent_devices`, with `torch` limited to its share of the CPU cores when on
-CPU. The main process sends every agent the same per-agent op at once (a module-level function such as
+its own device from `agent_devices`, with `torch` limited to its share of the main process's torch
+threads when on CPU. The main process sends every agent the same per-agent op at once (a module-level function such as
 `stages.rollout.generate.generate_op`, pickled by reference; see `stages.agents.state`) and collects
 the results **in agent order**, so results do not depend on
 which worker finishes first. Processes, not threads: the Python parts of generation hold the GIL.
@@ -16,7 +16,6 @@ Sampling seeds are per (seed, update, agent), so the samples equal the in-proces
 """
 
 import multiprocessing as mp
-import os
 import traceback
 from pathlib import Path
 
@@ -82,7 +81,11 @@ class WorkerPolicies:
         n = len(sources)
         acs = ac or [None] * n
         cpu_workers = sum(1 for d in devices if d == "cpu")
-        threads = max(1, (os.cpu_count() or 1) // max(1, cpu_workers))
+        # the CPU workers share this process's torch thread budget (all cores by default, OMP_NUM_THREADS when set),
+        # so an mp run uses as many threads as the in-process run would, split between the agents
+        import torch
+
+        threads = max(1, torch.get_num_threads() // max(1, cpu_workers))
         ctx = _context()
         self.state: dict = {}
         self.critic = None  # MAAC's central critic lives in the main process

@@ -1,4 +1,4 @@
-"""Stage: evaluate — a single sampled path per eval item (spec §2.1.8).
+"""Stage: evaluate — a single sampled path per eval item.
 
 At every turn each agent generates **one** completion per eval item (one batched generate per
 agent per turn), the joint action is scored with the task reward, and — for multi-turn runs — the

@@ -1,4 +1,4 @@
-"""Stage: reward-distribution ("dataset drift") log of an iterative round (spec §7).
+"""Stage: reward-distribution ("dataset drift") log of an iterative round, as CoMLRL 1.4.3 logs it.
 
 Per round: 16-bin histograms over the reward's declared range [min, max] (values clipped into it) of
 the raw task rewards of the target's and the comparator's candidates, and of the selected pairs'

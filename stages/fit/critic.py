@@ -1,4 +1,4 @@
-"""Stage: fit / update critic — value predictions and value-loss steps (spec §3.3–3.4).
+"""Stage: fit / update critic — value predictions and value-loss steps.
 
 A critic (or an actor's own value head) predicts V(h) or Q(h,a) for a batch of samples in one
 padded forward (`value_model.forward_values`). The value loss of a minibatch is

@@ -1,4 +1,4 @@
-"""Stage: fit the joint reward model on preference pairs (spec §4.3), and use it as a reward.
+"""Stage: fit the joint reward model on preference pairs, and use it as a reward.
 
 The reward model is a causal-LM backbone plus Linear(hidden, 1) on the hidden state of the **last
 non-pad token** (right padding: index = sum(mask) − 1). It reads a joint answer as text:

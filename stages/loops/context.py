@@ -1,16 +1,12 @@
-"""What one run needs, resolved once from its config: the immutable plan and the run context.
+"""What one run needs, resolved once from its config: the run context and its immutable plan.
 
 `make_context(cfg, store, taskset)` loads no model. It resolves the agent sources ('tiny' is built
 into the store), the items, the reward (and, for MARLHF's RL phase, the reward model that replaces
-it in training), the sampling settings and the episode shape, then plans the whole run:
-
-- **updates**: one policy update per `rollout_buffer_size` node samples, as the fewest whole
-  episode trees that hold them (single turn: `rollout_buffer_size` items; trees are never split);
-- **segments**: runs of updates ending in a checkpoint (`checkpoint_every` updates, default one epoch);
-- **keys**: the policy key at the start and the checkpoint key at the end of every segment, all
-  computable before anything runs because every key is input-addressed (see `stages.loops.keys`);
-- **budget**: the counts of the run (updates, generate calls, sequences, joint actions), refused
-  up front when over `max_sequences`, and planning **warnings** (e.g. unreachable later turns).
+it in training), the sampling settings and the episode shape, then plans the whole run
+(`stages.loops.plan`): the updates and segments, the policy key at the start and the checkpoint key
+at the end of every segment (computable before anything runs because every key is input-addressed,
+see `stages.loops.keys`), the budget (updates, generate calls, sequences, joint actions; refused up
+front when over `max_sequences`) and planning warnings (e.g. unreachable later turns).
 
 `RunPlan` and `RunContext` are frozen: nothing changes them after `make_context`. What a run
 creates while it runs (live policies, stage counters) lives in its `Session`.
@@ -18,13 +14,15 @@ creates while it runs (live policies, stage counters) lives in its `Session`.
 
 import dataclasses
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 from artifacts import ArtifactRef, ArtifactStore, key_for
 from schemas.config import RunConfig, is_local_model_path, missing_model_dir_message
 from stages.agents.models import build_tiny_model
 from stages.loops import budget
+from stages.loops.keys import segment_end_keys
+from stages.loops.plan import (STAGE_VERSION, RunPlan, is_actor_critic, plan_segments, plan_updates,
+                               trains_in_segments)
 from stages.loops.session import Session
 from stages.rollout.generate import SamplingConfig
 from stages.rollout.tree import Episode
@@ -33,67 +31,6 @@ from stages.score.scores import joint_combos
 from stages.tasks.formatters import build_formatter
 from stages.tasks.taskset import load_items
 from stages.tasks.transitions import Transition, transition_identity
-
-STAGE_VERSION = "2"  # 2: rollouts carry tree links (part of the rollouts and tiny-model keys)
-AC_ALGORITHMS = ("iac", "maac")
-
-
-def is_actor_critic(cfg) -> bool:
-    """IAC / MAAC (a critic's values shape the advantages) rather than a MAGRPO-family baseline."""
-    return cfg.algorithm in AC_ALGORITHMS
-
-
-# --- plan ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Update:
-    """One policy update: its global index, epoch, training item ids and planned env_step before it.
-
-    The planned env_step assumes full trees; with early termination the run-time count is lower.
-    """
-
-    index: int
-    epoch: int
-    item_ids: tuple[int, ...]
-    env_step_base: int
-
-
-def plan_updates(n_items: int, epochs: int, buffer: int, joint_actions_per_item: int,
-                 nodes_per_item: int = 1) -> list[Update]:
-    """Every update of the run, in order: the fewest whole trees holding >= `buffer` node samples each."""
-    out, env = [], 0
-    per = max(1, -(-buffer // nodes_per_item))
-    for e in range(epochs):
-        for start in range(0, n_items, per):
-            ids = tuple(range(start, min(n_items, start + per)))
-            out.append(Update(len(out), e, ids, env))
-            env += len(ids) * joint_actions_per_item
-    return out
-
-
-def plan_segments(updates: list[Update], checkpoint_every: int) -> list[list[Update]]:
-    """Split updates into checkpointed segments (0 = one segment per epoch)."""
-    segs: list[list[Update]] = []
-    for u in updates:
-        new = not segs or (checkpoint_every and len(segs[-1]) >= checkpoint_every) or \
-            (not checkpoint_every and segs[-1][-1].epoch != u.epoch)
-        if new:
-            segs.append([])
-        segs[-1].append(u)
-    return segs
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """The immutable plan of a run: its updates, segments, start key, budget and planning warnings."""
-
-    start_key: str
-    updates: tuple[Update, ...]
-    segments: tuple[tuple[Update, ...], ...]
-    budget: budget.Budget
-    warnings: tuple[str, ...] = ()
-
 
 @dataclass(frozen=True)
 class Reward:
@@ -149,22 +86,15 @@ class RunContext:
         r = self.task_reward
         return r.caller, r.processor, r.identity
 
-    @cached_property
+    @property
     def end_keys(self) -> tuple[str, ...]:
         """Checkpoint key (= policy version key) at the end of every segment, known before anything runs."""
-        from stages.loops.keys import update_keys
-
-        out, pk = [], self.plan.start_key
-        for seg in self.plan.segments:
-            for u in seg:
-                pk = update_keys(self, pk, u).policy_after
-            out.append(pk)
-        return tuple(out)
+        return self.plan.end_keys
 
     @property
     def run_key(self) -> str:
         """The final checkpoint's key (names the run)."""
-        return self.end_keys[-1]
+        return self.plan.end_keys[-1]
 
     def eval_items_used(self) -> list[dict]:
         """The eval items evaluations run on (the first eval_num_samples; all when 0)."""
@@ -270,9 +200,10 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
     warn = budget.unreachable_turns_warning(t.num_turns, t.early_termination_threshold,
                                             processed_range(reward.caller.fn, cfg.reward.reward_range,
                                                             task.processor))
-    return ctx.with_plan(updates=tuple(updates),
-                         segments=tuple(tuple(s) for s in plan_segments(updates, cfg.checkpoint_every)),
-                         budget=est, warnings=(warn,) if warn else ())
+    ctx = ctx.with_plan(updates=tuple(updates),
+                        segments=tuple(tuple(s) for s in plan_segments(updates, cfg.checkpoint_every)),
+                        budget=est, warnings=(warn,) if warn else ())
+    return ctx.with_plan(end_keys=segment_end_keys(ctx)) if trains_in_segments(cfg) else ctx
 
 
 def processed_range(fn, declared: tuple | None, processor) -> tuple[float, float] | None:

@@ -15,10 +15,14 @@ stored under the key of the policy version it holds.
 """
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from artifacts import key_for
-from stages.loops.context import STAGE_VERSION, RunContext, Update, is_actor_critic
+from stages.loops.plan import STAGE_VERSION, Update, is_actor_critic
 from stages.tasks.taskset import items_digest
+
+if TYPE_CHECKING:  # the context imports this module to plan its keys
+    from stages.loops.context import RunContext
 
 
 @dataclass(frozen=True)
@@ -28,13 +32,13 @@ class UpdateKeys:
     policy_after: str
 
 
-def scores_key(ctx: RunContext, rollouts_key: str, env_step_base: int) -> str:
+def scores_key(ctx: "RunContext", rollouts_key: str, env_step_base: int) -> str:
     """Key of the scores of one rollouts artifact under this run's reward and joint mode."""
     return key_for("scores", {"rollouts": rollouts_key, "reward": ctx.reward_id, "per_node": ctx.episode.reward_per_node,
                               "joint_mode": ctx.episode.joint_mode, "env_step_base": env_step_base})
 
 
-def update_keys(ctx: RunContext, policy_key: str, u: Update) -> UpdateKeys:
+def update_keys(ctx: "RunContext", policy_key: str, u: Update) -> UpdateKeys:
     """The chained artifact keys of one update (see the module docstring)."""
     cfg, t = ctx.cfg, ctx.cfg.trainer
     items = [ctx.train_items[i] for i in u.item_ids]
@@ -67,7 +71,7 @@ def update_keys(ctx: RunContext, policy_key: str, u: Update) -> UpdateKeys:
     return UpdateKeys(rk, ak, key_for("policy", spec))
 
 
-def eval_key(ctx: RunContext, ckpt_key: str) -> str:
+def eval_key(ctx: "RunContext", ckpt_key: str) -> str:
     """Key of the final evaluation artifact of a checkpoint."""
     t = ctx.cfg.trainer
     items = ctx.eval_items[:t.eval_num_samples] if t.eval_num_samples else ctx.eval_items
@@ -80,3 +84,13 @@ def eval_key(ctx: RunContext, ckpt_key: str) -> str:
     return key_for("eval", spec)
 
 
+
+
+def segment_end_keys(ctx: "RunContext") -> tuple[str, ...]:
+    """Checkpoint key (= policy version key) at the end of every segment of the plan, before anything runs."""
+    out, pk = [], ctx.plan.start_key
+    for seg in ctx.plan.segments:
+        for u in seg:
+            pk = update_keys(ctx, pk, u).policy_after
+        out.append(pk)
+    return tuple(out)

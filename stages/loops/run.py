@@ -17,13 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from artifacts import ArtifactError, ArtifactRef, ArtifactStore, key_for
-from schemas.config import RunConfig
+from schemas.config import ConfigError, RunConfig
+from stages.agents.checkpoint import CheckpointLayout
 from stages.agents.models import load_critic, save_critic
 from stages.common.seeds import derive_seed
 from stages.evaluate.evaluate import eval_metrics, evaluate, hook_metrics
 from stages.fit.critic import fit_critic, predict_values
 from stages.loops import actor_critic as AC
-from stages.loops.context import RunContext, formatters_for, is_actor_critic, make_context
+from stages.loops.context import RunContext, formatters_for, make_context
+from stages.loops.plan import is_actor_critic
 from stages.loops.keys import eval_key, scores_key
 from stages.loops.segment import SegmentResult, node_means, peek_policies, score_or_load, train_segment
 from stages.tasks.taskset import build_taskset
@@ -34,11 +36,16 @@ from stages.tasks.taskset import build_taskset
 
 @dataclass
 class TrainResult:
-    """What a run's segments produced: refs per segment, the final checkpoint and the reward curve."""
+    """What a run's segments produced: refs per segment, every update's manifest row, the final checkpoint."""
 
     segments: list[SegmentResult] = field(default_factory=list)
-    rewards: list[float] = field(default_factory=list)  # reward_mean of every update, in order
-    env_steps: int = 0
+    steps_rows: list[dict] = field(default_factory=list)  # the `steps` rows of every update, in order
+
+    def add(self, store: ArtifactStore, res: SegmentResult) -> None:
+        """Append one segment's result (and its stored manifest rows)."""
+        self.segments.append(res)
+        if res.steps is not None:
+            self.steps_rows += store.read_rows(res.steps)
 
     @property
     def checkpoint(self) -> ArtifactRef | None:
@@ -46,11 +53,20 @@ class TrainResult:
 
     @property
     def steps_refs(self) -> list[ArtifactRef]:
-        return [s.steps for s in self.segments]
+        return [s.steps for s in self.segments if s.steps is not None]
 
     @property
     def metrics_refs(self) -> list[ArtifactRef]:
-        return [s.metrics for s in self.segments]
+        return [s.metrics for s in self.segments if s.metrics is not None]
+
+    @property
+    def rewards(self) -> list[float]:
+        """reward_mean of every update, in order."""
+        return [r["reward_mean"] for r in self.steps_rows]
+
+    @property
+    def env_steps(self) -> int:
+        return self.steps_rows[-1]["env_step"] if self.steps_rows else 0
 
     def first_last(self) -> tuple[float | None, float | None]:
         return first_last_fifth(self.rewards)
@@ -74,13 +90,53 @@ def run_segments(ctx: RunContext, run_segment: SegmentRunner | None = None,
         if res.checkpoint.key != end:
             raise RuntimeError(f"segment {i} produced policy {res.checkpoint.key}, planned {end}")
         ckpt, key = res.checkpoint, end
-        steps = ctx.store.read_rows(res.steps)
-        out.segments.append(res)
-        out.rewards += [r["reward_mean"] for r in steps]
-        out.env_steps = steps[-1]["env_step"] if steps else out.env_steps
+        out.add(ctx.store, res)
         if on_segment is not None:
             on_segment(i, res)
     return out
+
+
+def stored_training(ctx: RunContext) -> TrainResult:
+    """The stored segments of an already trained run (to evaluate or re-fit without training again)."""
+    store = ctx.store
+    if store.find("checkpoint", ctx.run_key) is None:
+        raise ConfigError("no trained checkpoint for this config yet: run the 'train' stage first")
+    out = TrainResult()
+    for k in ctx.end_keys:
+        out.add(store, SegmentResult(store.find("checkpoint", k), store.find("steps", k), store.find("metrics", k),
+                                     cached=True))
+    return out
+
+
+def run_lineage(store: ArtifactStore, trained: TrainResult) -> list[tuple[str, ArtifactRef]]:
+    """(kind, ref) of every segment's `steps` manifest and of every artifact its updates read or wrote:
+    rollouts, scores and the learning signal (advantages, ac_samples or pairs)."""
+    out = [("steps", ref) for ref in trained.steps_refs]
+    for r in trained.steps_rows:
+        for kind, key in (("rollouts", r["rollouts"]), ("scores", r["scores"]), (r["signal_kind"], r["signal"])):
+            found = store.find(kind, key) if key else None
+            if found is not None:
+                out.append((kind, found))
+    return out
+
+
+def training_summary(store: ArtifactStore, trained: TrainResult) -> dict:
+    """The training part of a run summary: env_steps, reward first/last fifth, seconds, checkpoint."""
+    train_s, load_s = train_seconds(store, trained.metrics_refs)
+    first, last = trained.first_last()
+    env = trained.env_steps
+    return {"env_steps": env, "reward_first": first, "reward_last": last, "train_seconds": train_s,
+            "load_seconds": load_s, "env_steps_per_s": (env / train_s) if train_s > 0 else None,
+            "checkpoint": str(store.open_dir(trained.checkpoint)),
+            "segments_cached": [s.cached for s in trained.segments]}
+
+
+def segment_keys_of(store: ArtifactStore, run_key: str) -> list[str]:
+    """Segment end keys of an earlier run, read from its final checkpoint's trainer state."""
+    ck = store.find("checkpoint", run_key)
+    if ck is None:
+        raise ConfigError(f"rescore_from={run_key!r}: no such run (no checkpoint with that run_key in {store.root})")
+    return CheckpointLayout(store.open_dir(ck)).trainer_state().get("segment_keys", [run_key])
 
 
 def run_direct(cfg: RunConfig, store: ArtifactStore | None = None, show_progress: bool = False,
@@ -100,14 +156,10 @@ def run_direct(cfg: RunConfig, store: ArtifactStore | None = None, show_progress
         if metrics_refs is not None:  # the caller wants every segment's metrics table (e.g. to log them)
             metrics_refs.extend(res.metrics_refs)
         wall_s = time.perf_counter() - t0
-        train_s, load_s = train_seconds(store, res.metrics_refs)
         _, ev = evaluate_checkpoint(ctx, res.checkpoint)
     finally:
         ctx.session.close()
-    first, last = res.first_last()
-    return {"env_steps": res.env_steps, "reward_first": first, "reward_last": last, "train_seconds": train_s,
-            "load_seconds": load_s, "wall_seconds": wall_s, "env_steps_per_s": res.env_steps / train_s, "eval": ev,
-            "checkpoint": str(store.open_dir(res.checkpoint)), "executed": ctx.session.executed()}
+    return {**training_summary(store, res), "wall_seconds": wall_s, "eval": ev, "executed": ctx.session.executed()}
 
 
 # --- after training ------------------------------------------------------------------------------

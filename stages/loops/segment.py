@@ -27,7 +27,8 @@ from stages.common.seeds import derive_seed
 from stages.common.user_code import load_callable
 from stages.evaluate.evaluate import evaluate
 from stages.loops import actor_critic as AC
-from stages.loops.context import RunContext, Update, formatters_for, is_actor_critic
+from stages.loops.context import RunContext, formatters_for
+from stages.loops.plan import Update, is_actor_critic
 from stages.loops.keys import UpdateKeys, scores_key, update_keys
 from stages.rollout.tree import generate_tree
 from stages.score.advantages import compute_advantages, joint_returns, tree_children

@@ -1,4 +1,4 @@
-"""An HTTP comparator for iterative rounds: candidates from an external model service (spec §4.4).
+"""An HTTP comparator for iterative rounds: candidates from an external model service.
 
 One POST per request with the standard library (`urllib`); formats:
 

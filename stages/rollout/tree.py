@@ -1,6 +1,6 @@
 """Stage: tree rollouts — multi-turn episodes as trees of joint actions, generated one depth at a time.
 
-An episode (one training item) is a tree (spec §2.1.2). A node is one turn of one branch: every
+An episode (one training item) is a tree. A node is one turn of one branch: every
 agent samples K completions for its prompt at that node, and the node's joint actions (aligned: K,
 cross: K^N) are scored with the shared reward. Unless the branch stops early (the node's mean
 reward is **above** `early_termination_threshold`) or the last turn is reached, each joint action j

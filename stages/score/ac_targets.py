@@ -1,4 +1,4 @@
-"""Stage: actor-critic targets and advantages (spec §3.2–3.4).
+"""Stage: actor-critic targets and advantages.
 
 Inputs per agent sample: the (expanded, processed) reward r, the reference KL (when on), and the
 critic's old value V_old. With reference KL on, the reward is shaped: r' = r − coef · KL.

@@ -1,4 +1,4 @@
-"""Stage: compute returns and advantages per agent completion (spec §2.1.4–2.1.5).
+"""Stage: compute returns and advantages per agent completion.
 
 Per node, agent i's return for its own completion k:
 - aligned / single agent: the joint return of joint action k (shared by all agents);

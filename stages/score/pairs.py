@@ -1,4 +1,4 @@
-"""Stage: build preference pairs from scored joint candidates (spec §4.2).
+"""Stage: build preference pairs from scored joint candidates.
 
 Per item, the P aligned joint candidates (c_{1,j}, …, c_{N,j}) carry one task reward each. Every
 ordered pair (w, l) with r_w − r_l > 0 is a candidate pair (ties are dropped). Selection:
@@ -61,7 +61,7 @@ def build_pairs(rollouts: list[dict], scores: list[dict], mode: str, limit: int 
     return out
 
 
-# --- iterative rounds: target vs comparator (spec §4.4 step 3) ----------------------------------
+# --- iterative rounds: target vs comparator, index-aligned -------------------------------------
 
 
 def aligned_comparisons(target: list[float], comparator: list[float], mode: str, limit: int | None,

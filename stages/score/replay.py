@@ -1,4 +1,4 @@
-"""Stage: preference replay — which earlier rounds' pairs a round trains on (spec §4.4 step 5, §6.6).
+"""Stage: preference replay — which earlier rounds' pairs a round trains on.
 
 Every round writes its pairs as a replay shard (oldest first). The training pairs of a round are
 sampled from the shards by `preference_replay_mode`:

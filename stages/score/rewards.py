@@ -1,7 +1,7 @@
 """Reward functions: built-ins, user functions by import path, the reference's call dispatch.
 
 A reward function scores a *joint action* (one completion per agent) with one shared float. Its
-call shape is inferred once from its signature, as CoMLRL 1.4.3 does (spec §8.1):
+call shape is inferred once from its signature, as CoMLRL 1.4.3 does:
 
 - `*args`                     -> fn(c_1, ..., c_N)            (one list per agent)
 - N required positionals      -> fn(c_1, ..., c_N)
@@ -114,7 +114,8 @@ class RewardCaller:
         return to_floats(out)
 
     def call_cross(self, per_agent: list[list[str]], items: list[dict]) -> list[float]:
-        """Cross mode calls the function directly (only batch_items is detected, spec §2.1.2)."""
+        """Cross mode calls the function directly: only batch_items is detected; a TypeError retries with one
+        list of the N strings."""
         kw = {"batch_items": items} if "batch_items" in _param_names(self.fn) else {}
         try:
             out = self.fn(*per_agent, **kw)

@@ -1,4 +1,4 @@
-"""Prompt formatters: how each agent's prompt is built from a task item (spec §8.2).
+"""Prompt formatters: how each agent's prompt is built from a task item.
 
 A formatter is a template over the item's fields (`'Be brief: {prompt}'`), a user function
 `f(item) -> str` by import path, or the default `item['prompt']`; optionally wrapped in the

@@ -1,6 +1,6 @@
 """Transitions: the environment step that turns one turn's joint answer into the next turn's prompts.
 
-The reference's keyword contract (spec §8.3): a transition is called as
+The keyword contract (as in CoMLRL 1.4.3): a transition is called as
 
     transition(prompt=item_prompt, agent_completions=[one str per agent], num_agents=N,
                prompt_history_per_agent=[[str, ...] per agent], response_history_per_agent=[[...] per agent])

@@ -1,7 +1,7 @@
 """Stage: actor-critic update — one AdamW step per minibatch for each actor (and its critic).
 
 Per agent, the samples of one update are grouped by turn; each group is shuffled with a seeded RNG
-and split into minibatches of `train_batch_size` samples. Per minibatch (spec §3.3 `_ac_step`):
+and split into minibatches of `train_batch_size` samples. Per minibatch (as CoMLRL 1.4.3's `_ac_step`):
 
     policy_loss = mean_b( −log π(c_b | prompt_b) · Â_b )        (Â: normalized advantage, fixed)
     value_loss  = mean_b( (y_b − V_b)² )                         (clipped in IAC shared-head mode)

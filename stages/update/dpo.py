@@ -1,4 +1,4 @@
-"""Stage: DPO update — joint-factorized, reference-free multi-agent DPO (spec §4.2).
+"""Stage: DPO update — joint-factorized, reference-free multi-agent DPO.
 
 A preference pair compares two joint answers (one completion per agent each). For agent j,
 Δ_j = log π_j(y_w^j | x_j) − log π_j(y_l^j | x_j), completions trimmed at their first pad token.

@@ -1,0 +1,93 @@
+"""The layering the README describes, checked on the source: no import cycle, no Prefect or MLflow in stages/,
+stages/ only in subpackages, and the lower layers never import the higher ones."""
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("artifacts", "schemas", "stages", "flows", "coopflow")
+LAYER = {"schemas": 0, "artifacts": 1, "stages": 2, "flows": 3, "coopflow": 3}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for p in (REPO / pkg).rglob("*.py"):
+            name = ".".join(p.relative_to(REPO).with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = p
+    return out
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """Every module named by an import that runs (anywhere in the file, except under `if TYPE_CHECKING:`)."""
+    found, stack = set(), [ast.parse(path.read_text())]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update([node.module] + [f"{node.module}.{a.name}" for a in node.names])
+        stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {m: {t for t in map(resolve, _runtime_imports(p)) if t and t != m} for m, p in mods.items()}
+
+
+def test_no_import_cycle():
+    graph, state, cycles = _graph(), {}, []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = "open"
+        for t in sorted(graph[m]):
+            if state.get(t) == "open":
+                cycles.append(path[path.index(t):] + [t])
+            elif t not in state:
+                visit(t, path + [t])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == [], cycles
+
+
+def test_stages_import_neither_prefect_nor_mlflow():
+    for p in (REPO / "stages").rglob("*.py"):
+        bad = {m for m in _runtime_imports(p) if m.split(".")[0] in ("prefect", "mlflow", "flows", "coopflow")}
+        assert not bad, f"{p.relative_to(REPO)} imports {sorted(bad)}"
+
+
+def test_lower_layers_never_import_higher_ones():
+    for m, targets in _graph().items():
+        for t in targets:
+            assert LAYER[t.split(".")[0]] <= LAYER[m.split(".")[0]], f"{m} imports {t}"
+
+
+def test_stages_tree_is_the_pipeline():
+    """stages/ holds only phase subpackages (no flat modules beside them)."""
+    top = sorted(p.name for p in (REPO / "stages").iterdir() if p.suffix == ".py" or
+                 (p.is_dir() and (p / "__init__.py").is_file()))
+    assert top == ["__init__.py", "agents", "common", "evaluate", "fit", "loops", "rollout", "score", "tasks",
+                   "update"]
+
+
+def test_no_module_level_live_state_in_stages():
+    """No module global holds live models or counters (they belong to a run's Session)."""
+    for p in (REPO / "stages").rglob("*.py"):
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                name = getattr(node.value.func, "id", getattr(node.value.func, "attr", ""))
+                assert name not in ("Counter", "LivePolicies", "Session", "Policies"), \
+                    f"{p.relative_to(REPO)}: module-level {name}()"
