@@ -312,8 +312,11 @@ class FacadeTrainer:
         """Copy a checkpoint's agent weights into the live agents (and critics)."""
         from transformers import AutoModelForCausalLM
 
+        from stages.agents.checkpoint import CheckpointLayout
+
+        lay = CheckpointLayout(ckpt)
         for i, m in enumerate(self.agents):
-            trained = AutoModelForCausalLM.from_pretrained(ckpt / f"agent_{i}", dtype=next(m.parameters()).dtype)
+            trained = AutoModelForCausalLM.from_pretrained(lay.agent(i), dtype=next(m.parameters()).dtype)
             m.load_state_dict(trained.state_dict())
 
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
@@ -340,14 +343,17 @@ class FacadeTrainer:
         """Write `agent_i/` (+ critics as the reference lays them out); the trained checkpoint when there is one."""
         import shutil
 
-        out = Path(output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        if self._last is not None:
-            src = Path(self._last["checkpoint"])
-            for p in src.iterdir():
-                if p.name.startswith("agent_") or p.name == "critic":
-                    shutil.copytree(p, out / p.name, dirs_exist_ok=True)
+        from stages.agents.checkpoint import CheckpointLayout
+
+        out = CheckpointLayout(Path(output_dir))
+        out.root.mkdir(parents=True, exist_ok=True)
+        if self._last is not None:  # the checkpoint's agent dirs (with IAC critics inside) and MAAC's critic
+            src = CheckpointLayout(Path(self._last["checkpoint"]))
+            for a, b in [(src.agent(i), out.agent(i)) for i in range(self.num_agents)] + \
+                    [(src.central_critic, out.central_critic)]:
+                if a.is_dir():
+                    shutil.copytree(a, b, dirs_exist_ok=True)
             return
         for i, (m, t) in enumerate(zip(self.agents, self.tokenizers)):
-            m.save_pretrained(out / f"agent_{i}")
-            t.save_pretrained(out / f"agent_{i}")
+            m.save_pretrained(out.agent(i))
+            t.save_pretrained(out.agent(i))

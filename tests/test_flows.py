@@ -204,7 +204,10 @@ def test_madpo_iter_flow_one_round_per_run_into_one_parent_mlflow_run(prefect_ha
     parent = client.get_run(a["mlflow_run_id"])
     kids = client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     assert sorted(k.data.tags["coopflow.round"] for k in kids) == ["1", "2"]
-    assert [m.step for m in client.get_metric_history(parent.info.run_id, "iter/current_iteration")] == [1, 2]
+    # round metrics are logged at env_step, which continues over rounds: 2 env steps per trained pair (1 epoch)
+    pairs = [m.value for m in client.get_metric_history(parent.info.run_id, "iter/train_preference_pairs")]
+    steps = [m.step for m in client.get_metric_history(parent.info.run_id, "iter/current_iteration")]
+    assert steps == [2 * pairs[0], 2 * (pairs[0] + pairs[1])] and steps[1] > steps[0] > 0
     files = {f.path for f in client.list_artifacts(kids[0].info.run_id, "reward_distributions")}
     assert any(f.endswith(".json") for f in files) and any(f.endswith(".html") for f in files)
 

@@ -177,6 +177,9 @@ def run_round(ctx: RunContext, r: int, show_progress: bool = False) -> dict:
     prev = store.find("checkpoint", keys[r - 2]) if r > 1 else None
     if r > 1 and prev is None:
         raise ValueError(f"round {r - 1} is not stored: run the rounds in order")
+    # env_step continues over the rounds (the x-axis of every round metric): DPO counts
+    # environment_steps_per_pair per trained pair, MARLHF-iter the joint actions its RL phase scored
+    env = CheckpointLayout(store.open_dir(prev)).trainer_state().get("env_step", 0) if prev is not None else 0
     pol = _round_start(ctx, prev, keys[r - 2] if r > 1 else ctx.plan.start_key)
     fmts = formatters_for(ctx, pol)
     ids = [it["_item_id"] for it in ctx.train_items]
@@ -215,7 +218,8 @@ def run_round(ctx: RunContext, r: int, show_progress: bool = False) -> dict:
                    "iter/train_preference_pairs": float(len(train))}
         rl_metrics: list[ArtifactRef] = []
         if cfg.algorithm == "marlhf-iter":  # --- a fresh reward model on the training pairs, then RL on it
-            pol, m, rl_metrics, rl_warnings = _rlhf_phase(ctx, r, keys, prev, pol, train, show_progress)
+            pol, m, rl_metrics, rl_warnings, rl_env = _rlhf_phase(ctx, r, keys, prev, pol, train, show_progress)
+            env += rl_env
             metrics.update(m)
             warnings += [w for w in rl_warnings if w not in warnings]
         else:  # --- DPO on the training pairs
@@ -225,6 +229,8 @@ def run_round(ctx: RunContext, r: int, show_progress: bool = False) -> dict:
                 for b in range(0, len(train), t.batch_size):
                     chunk = train[b:b + t.batch_size]
                     m = dpo_update(pol, {a: [p[a] for p in chunk] for a in range(ctx.n)}, t.dpo_beta)
+                    if t.use_environment_step:
+                        env += t.environment_steps_per_pair * len(chunk)
                     ctx.session.calls["update"] += 1
             if train:
                 metrics.update({k: v for k, v in m.items() if not k.startswith("agent_")})
@@ -247,11 +253,11 @@ def run_round(ctx: RunContext, r: int, show_progress: bool = False) -> dict:
                      derive_seed(cfg.seed, "round-eval", r), ctx.episode, ctx.eval_hooks)
     ctx.session.calls["evaluate"] += 1
     metrics.update(ev)
-    state = {"round": r, "algorithm": cfg.algorithm}
+    state = {"round": r, "env_step": env, "algorithm": cfg.algorithm}
     pol.state = state
     ckpt = store.put_dir("checkpoint", key, lambda d: save_checkpoint(pol, d, state))
     ctx.session.live.put(key, pol)
-    rows = [{"key": k, "value": v, "env_step": r} for k, v in metrics.items()]
+    rows = [{"key": k, "value": v, "env_step": env} for k, v in metrics.items()]
     return {"checkpoint": ckpt, "metrics": store.put_table("metrics", key, rows), "shard": shard, "cached": False,
             "drift": drift, "rl_metrics": rl_metrics, "warnings": warnings}
 
@@ -295,12 +301,12 @@ def _rlhf_phase(ctx: RunContext, r: int, keys: list[str], prev: ArtifactRef | No
                 show_progress: bool = False):
     """Fit a fresh joint reward model on the training pairs and run the RL backend on it from the round's
     starting weights (fresh optimizers, as the reference builds a new RL trainer per round).
-    Returns (policies after RL, metrics, RL metrics refs, warnings)."""
+    Returns (policies after RL, metrics, RL metrics refs, warnings, env steps of the RL phase)."""
     from stages.loops import preference as P
 
     store, key = ctx.store, keys[r - 1]
     if not train:
-        return pol, {}, [], [f"round {r}: no training pairs; the policy is unchanged this round"]
+        return pol, {}, [], [f"round {r}: no training pairs; the policy is unchanged this round"], 0
     rows = [{**x, "pair_id": i} for i, rec in enumerate(train) for x in rec.values()]
     train_ref = store.put_table("pairs", key_for("pairs", {"round_train": key}), rows)
     rm_ref, m = P.fit_rm(ctx, train_ref, rm_round_key(key))
@@ -313,7 +319,8 @@ def _rlhf_phase(ctx: RunContext, r: int, keys: list[str], prev: ArtifactRef | No
     first, last = res.first_last()
     m.update({"rl/rm_reward_first": first, "rl/rm_reward_last": last, "rl/updates": float(len(rctx.plan.updates))})
     pol = acquire_policies(rctx, res.checkpoint, res.checkpoint.key)
-    return pol, {k2: v for k2, v in m.items() if v is not None}, res.metrics_refs, list(rctx.plan.warnings)
+    return (pol, {k2: v for k2, v in m.items() if v is not None}, res.metrics_refs, list(rctx.plan.warnings),
+            res.env_steps)
 
 
 def round_eval(store, metrics: ArtifactRef) -> dict[str, float]:

@@ -184,11 +184,11 @@ def refit_critic(ctx: RunContext, ckpt: ArtifactRef, steps_refs: list[ArtifactRe
     lr = c.refit_learning_rate or t.critic_lr
     key = key_for("critic", {"checkpoint": ckpt.key, "samples": ac_keys, "epochs": c.refit_epochs, "lr": lr,
                              "batch": t.batch_size, "seed": cfg.seed})
-    root = store.open_dir(ckpt)
+    lay = CheckpointLayout(store.open_dir(ckpt))
     if cfg.algorithm == "maac":
-        jobs = [("critic", root / "critic", samples)]
-    else:
-        jobs = [(f"agent_{i}", root / f"agent_{i}" / "critic", [s for s in samples if s["agent"] == i])
+        jobs = [("critic", lay.central_critic, samples)]
+    else:  # the re-fit artifact holds agent_i/ per agent (each that agent's critic)
+        jobs = [(lay.agent(i).name, lay.agent_critic(i), [s for s in samples if s["agent"] == i])
                 for i in range(ctx.n)]
     a = cfg.agents
     crits = [(name, load_critic(src, lr, None, a.dtype, a.attn_implementation, a.device), mine)
