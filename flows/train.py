@@ -7,9 +7,12 @@ same update with a different default advantage mode):
 
     build-taskset → prepare-agents → train-segment ×S → evaluate      (and optionally rescore)
 
-Each box is a Prefect task wrapping a plain stage from `stages/`. Tasks run at *segment*
-granularity (a checkpointed run of updates, default one epoch), not per update: Prefect costs
-~25 ms of CPU per task run on this class of machine, so per-update tasks would cost more than the
+Each box is a Prefect task wrapping a plain stage from `stages/`. The loops themselves are the stages'
+(`stages.loops.run.run_segments`, `stages.loops.rounds.run_rounds`): a flow hands them a runner that
+wraps each segment in the `train-segment` task (each round in the `preference-round` subflow) and a
+callback that logs the result to MLflow, so the flows and the direct path run the same loop. Tasks run
+at *segment* granularity (a checkpointed run of updates, default one epoch), not per update: Prefect
+costs ~25 ms of CPU per task run on this class of machine, so per-update tasks would cost more than the
 10 % overhead budget; inside a segment the stages are plain calls that still write their Parquet
 artifacts per update.
 

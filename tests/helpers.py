@@ -66,3 +66,15 @@ def killed_after_calls(c1, c2):
 
 
 _CALLS = [0]
+
+
+LEARNING_SEEDS = (0, 1, 2)
+"""Seeds every learning test runs: a gain must hold over several seeds, not on one lucky one."""
+
+
+def assert_learns(gains: list[float], min_mean: float, min_improving: int | None = None) -> None:
+    """A learning claim over seeds: the mean gain is above `min_mean` and at least `min_improving` seeds
+    (default: all) improve at all. Float reductions differ between CPUs, so one seed's trajectory may
+    differ from machine to machine; the mean over seeds is what the tests pin."""
+    need = len(gains) if min_improving is None else min_improving
+    assert sum(gains) / len(gains) > min_mean and sum(g > 0 for g in gains) >= need, gains

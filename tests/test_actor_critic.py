@@ -14,6 +14,7 @@ from stages.agents.models import load_agent
 from stages.update.actor_critic import update_actor
 from stages.agents.value_heads import ValueHead, forward_values, joint_critic_text, new_head
 from tests.conftest import small_config
+from tests.helpers import LEARNING_SEEDS, assert_learns
 
 
 # --- value head and readouts ---------------------------------------------------------------------
@@ -213,14 +214,20 @@ def test_checkpoints_reload_and_continue_like_an_uninterrupted_run(tmp_path, alg
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["iac", "maac"])
 def test_actor_critic_learns_the_length_ratio_task(tmp_path, algo):
-    """The shipped IAC / MAAC configs: the shared length-ratio reward rises on the tiny model."""
+    """The shipped IAC / MAAC configs over seeds 0-2: the shared length-ratio reward rises on the tiny model
+    (measured gains over seeds 0-4: IAC +0.33 … +0.52, MAAC +0.23 … +0.55; eval 0.65 … 0.98)."""
     from schemas.config import load_config
     from stages.loops.run import run_direct
 
-    cfg = load_config(f"configs/{algo}-story.yaml", [f"data_dir={tmp_path}"], algorithm=algo)
-    s = run_direct(cfg)
-    assert s["reward_last"] > s["reward_first"] + 0.2, s
-    assert s["eval"]["eval/turn_1/reward_mean"] > 0.6, s["eval"]
+    gains, evals = [], []
+    for seed in LEARNING_SEEDS:
+        cfg = load_config(f"configs/{algo}-story.yaml", [f"data_dir={tmp_path / str(seed)}", f"seed={seed}"],
+                          algorithm=algo)
+        s = run_direct(cfg)
+        gains.append(s["reward_last"] - s["reward_first"])
+        evals.append(s["eval"]["eval/turn_1/reward_mean"])
+    assert_learns(gains, 0.2)
+    assert sum(evals) / len(evals) > 0.6, evals
 
 
 def test_metrics_callback_domain_metrics_are_logged_per_update(tmp_path):

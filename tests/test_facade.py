@@ -255,7 +255,9 @@ def test_facade_train_writes_the_same_artifacts_as_the_flow(tiny_model_dir, tmp_
 
 @pytest.mark.slow
 def test_facade_train_moves_the_length_ratio_reward(tmp_path):
+    """Over seeds 0-2; measured over seeds 0-4: training +0.23 … +0.50, the trained agents' eval +0.33 … +0.54."""
     from coopflow.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+    from tests.helpers import LEARNING_SEEDS, assert_learns
 
     topics = ["a robot", "the ocean", "a dragon", "a city", "the moon", "a little fox", "a tree", "the rain"]
     ds = Dataset.from_dict({"prompt": [f"write a story about {t}" for t in topics]})
@@ -263,12 +265,16 @@ def test_facade_train_moves_the_length_ratio_reward(tmp_path):
     args = MAGRPOConfig(num_turns=1, num_train_epochs=3, agent_learning_rate=1e-3, num_generations=4,
                         max_new_tokens=32, temperature=1.0, top_p=1.0, top_k=50, rollout_buffer_size=1,
                         eval_interval=0, eval_num_samples=8)
-    tr = MAGRPOTrainer(agent_model="tiny", num_agents=2, reward_func=length_ratio, train_dataset=ds, args=args,
-                       data_dir=str(tmp_path))
-    before = tr.evaluate()["eval/turn_1/reward_mean"]
-    out = tr.train(show_progress=False)
-    assert out["reward_last"] > out["reward_first"] + 0.15, out
-    assert tr.evaluate()["eval/turn_1/reward_mean"] > before + 0.15  # the agents themselves were trained
+    train_gains, eval_gains = [], []
+    for seed in LEARNING_SEEDS:
+        tr = MAGRPOTrainer(agent_model="tiny", num_agents=2, reward_func=length_ratio, train_dataset=ds, args=args,
+                           data_dir=str(tmp_path), seed=seed)
+        before = tr.evaluate()["eval/turn_1/reward_mean"]
+        out = tr.train(show_progress=False)
+        train_gains.append(out["reward_last"] - out["reward_first"])
+        eval_gains.append(tr.evaluate()["eval/turn_1/reward_mean"] - before)  # the agents themselves were trained
+    assert_learns(train_gains, 0.15)
+    assert_learns(eval_gains, 0.15)
 
 
 def test_eval_logger_and_aggregator_add_eval_metrics(tiny_model_dir, tmp_path):

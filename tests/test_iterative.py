@@ -6,7 +6,8 @@ from schemas.config import ConfigError, validate_config
 from stages.loops import rounds as I
 from artifacts import ArtifactStore
 from stages.loops.context import formatters_for, make_context
-from stages.loops.segment import acquire_policies, evaluate
+from stages.evaluate.evaluate import evaluate
+from stages.loops.segment import acquire_policies
 from stages.tasks.taskset import build_taskset
 from tests.conftest import small_config
 
@@ -82,7 +83,8 @@ from schemas.config import validate_config
 from stages.loops import rounds as I
 from artifacts import ArtifactStore
 from stages.loops.context import formatters_for, make_context
-from stages.loops.segment import acquire_policies, evaluate
+from stages.evaluate.evaluate import evaluate
+from stages.loops.segment import acquire_policies
 from stages.tasks.taskset import build_taskset
 c = validate_config(json.loads(sys.argv[1]), "madpo-iter")
 store = ArtifactStore(c.data_dir + "/artifacts")
@@ -183,20 +185,27 @@ def test_marlhf_iter_runs_actor_critic_backends_across_rounds(tmp_path, backend)
 
 @pytest.mark.slow
 def test_iterative_madpo_improves_the_length_ratio_reward_over_3_rounds(tmp_path):
+    """Over seeds 0-2 (measured over seeds 0-4: candidates +0.09 … +0.37, eval +0.21 … +0.42)."""
     from schemas.config import load_config
+    from tests.helpers import LEARNING_SEEDS, assert_learns
 
-    cfg = load_config("configs/madpo-iter-story.yaml", [f"data_dir={tmp_path}", "trainer.num_iterations=3",
-                                                        "taskset.num_eval_items=16", "trainer.eval_num_samples=16"],
-                      algorithm="madpo-iter")
-    store = ArtifactStore(tmp_path / "artifacts")
-    ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
-    pol = acquire_policies(ctx, None, ctx.plan.start_key)
-    _, before = evaluate(pol, ctx.eval_items, formatters_for(ctx, pol), ctx.sampling, ctx.caller,
-                           ctx.processor, 123, ctx.episode)
-    ctx.session.live.put(ctx.plan.start_key, pol)
-    rounds = [{x["key"]: x["value"] for x in store.read_rows(r["metrics"])} for r in I.run_rounds(ctx)]
-    # the task reward of the agents' own candidates (64 joint answers per round) rises round over round ...
-    target = [m["iter/reward_distribution/target_mean"] for m in rounds]
-    assert target[2] > target[0] + 0.08, target
-    # ... and so does the evaluation reward against the initial agents
-    assert rounds[2]["eval/turn_1/reward_mean"] > before["eval/turn_1/reward_mean"] + 0.15, (before, rounds)
+    target_gains, eval_gains = [], []
+    for seed in LEARNING_SEEDS:
+        cfg = load_config("configs/madpo-iter-story.yaml",
+                          [f"data_dir={tmp_path / str(seed)}", f"seed={seed}", "trainer.num_iterations=3",
+                           "taskset.num_eval_items=16", "trainer.eval_num_samples=16"], algorithm="madpo-iter")
+        store = ArtifactStore(tmp_path / str(seed) / "artifacts")
+        ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
+        pol = acquire_policies(ctx, None, ctx.plan.start_key)
+        _, before = evaluate(pol, ctx.eval_items, formatters_for(ctx, pol), ctx.sampling, ctx.caller,
+                             ctx.processor, 123, ctx.episode)
+        ctx.session.live.put(ctx.plan.start_key, pol)
+        rounds = [{x["key"]: x["value"] for x in store.read_rows(r["metrics"])} for r in I.run_rounds(ctx)]
+        ctx.session.close()
+        # the task reward of the agents' own candidates (64 joint answers per round) rises from round 1 to 3 ...
+        target = [m["iter/reward_distribution/target_mean"] for m in rounds]
+        target_gains.append(target[2] - target[0])
+        # ... and so does the evaluation reward against the initial agents
+        eval_gains.append(rounds[2]["eval/turn_1/reward_mean"] - before["eval/turn_1/reward_mean"])
+    assert_learns(target_gains, 0.08)
+    assert_learns(eval_gains, 0.15)

@@ -210,11 +210,17 @@ def test_a_broken_transition_fails_the_run_with_its_name(tmp_path):
 
 @pytest.mark.slow
 def test_multi_turn_magrpo_learns_the_length_ratio_task(tmp_path):
-    """The shipped multi-turn example: the joint reward (both turns) rises over 2 epochs of 8 items."""
+    """The shipped multi-turn example over seeds 0-2: the joint reward (both turns) rises over 2 epochs of 8 items
+    (measured gains over seeds 0-4: +0.47 … +0.55; turn-2 eval 0.95 … 1.0)."""
     from schemas.config import load_config
     from stages.loops.run import run_direct
 
-    cfg = load_config("configs/magrpo-multiturn.yaml", [f"data_dir={tmp_path}"], algorithm="magrpo")
-    s = run_direct(cfg)
-    assert s["reward_last"] > s["reward_first"] + 0.2, s
-    assert s["eval"]["eval/turn_2/reward_mean"] > 0.6, s["eval"]
+    gains, evals = [], []
+    for seed in helpers.LEARNING_SEEDS:
+        cfg = load_config("configs/magrpo-multiturn.yaml", [f"data_dir={tmp_path / str(seed)}", f"seed={seed}"],
+                          algorithm="magrpo")
+        s = run_direct(cfg)
+        gains.append(s["reward_last"] - s["reward_first"])
+        evals.append(s["eval"]["eval/turn_2/reward_mean"])
+    helpers.assert_learns(gains, 0.2)
+    assert sum(evals) / len(evals) > 0.6, evals

@@ -8,7 +8,7 @@ import torch
 from schemas.config import ConfigError, validate_config
 from artifacts import ArtifactStore
 from stages.loops.context import formatters_for, make_context
-from stages.loops.segment import evaluate
+from stages.evaluate.evaluate import evaluate
 from stages.loops import preference as P
 from stages.score.pairs import build_pairs, select_pairs
 from stages.fit.reward_model import bt_loss, fit_reward_model, joint_text, load_reward_model, rank_metrics
@@ -16,6 +16,7 @@ from stages.agents.models import load_agent
 from stages.agents.state import AgentState
 from stages.update.dpo import dpo_loss, dpo_step, trim_at_pad
 from tests.conftest import small_config
+from tests.helpers import LEARNING_SEEDS, assert_learns
 
 R = [0.0, 0.5, 0.5, 1.0]  # candidates 1 and 2 tie
 
@@ -167,20 +168,25 @@ def test_marlhf_reruns_only_the_reward_model_and_downstream(tmp_path):
 
 @pytest.mark.slow
 def test_madpo_moves_the_task_reward(tmp_path):
-    """The shipped MADPO config: the trained agents' eval reward beats the initial agents' (same eval seed)."""
+    """The shipped MADPO config over seeds 0-2: the trained agents' eval reward beats the initial agents' (same
+    eval seed); measured gains over seeds 0-4: +0.12, +0.24, +0.09, +0.19, +0.02."""
     from schemas.config import load_config
     from stages.tasks.taskset import build_taskset
     from stages.common.seeds import derive_seed
     from stages.agents.models import load_policies
 
-    cfg = load_config("configs/madpo-story.yaml", [f"data_dir={tmp_path}"], algorithm="madpo")
-    after = P.run_preference_direct(cfg)["eval"]["eval/turn_1/reward_mean"]
-    store = ArtifactStore(tmp_path / "artifacts")
-    ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
-    pol = load_policies(ctx.sources, 1e-3)
-    _, before = evaluate(pol, ctx.eval_items[:cfg.trainer.eval_num_samples], formatters_for(ctx, pol),
-                           ctx.sampling, ctx.caller, ctx.processor, derive_seed(cfg.seed, "final-eval"), ctx.episode)
-    assert after > before["eval/turn_1/reward_mean"] + 0.05, (before, after)
+    gains = []
+    for seed in LEARNING_SEEDS:
+        d = tmp_path / str(seed)
+        cfg = load_config("configs/madpo-story.yaml", [f"data_dir={d}", f"seed={seed}"], algorithm="madpo")
+        after = P.run_preference_direct(cfg)["eval"]["eval/turn_1/reward_mean"]
+        store = ArtifactStore(d / "artifacts")
+        ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
+        pol = load_policies(ctx.sources, 1e-3)
+        _, before = evaluate(pol, ctx.eval_items[:cfg.trainer.eval_num_samples], formatters_for(ctx, pol),
+                             ctx.sampling, ctx.caller, ctx.processor, derive_seed(cfg.seed, "final-eval"), ctx.episode)
+        gains.append(after - before["eval/turn_1/reward_mean"])
+    assert_learns(gains, 0.05)
 
 
 def _marlhf_gain(tmp_path, seed: int) -> tuple[float, dict]:
@@ -205,13 +211,13 @@ def test_marlhf_moves_the_task_reward(tmp_path):
     """The shipped MARLHF config over 3 seeds: RL on the fitted reward model climbs it, and the *task* reward
     follows on average (one seed may not move: on one machine seed 0 gained +0.29, on another -0.001)."""
     gains = []
-    for seed in range(3):
+    for seed in LEARNING_SEEDS:
         gain, out = _marlhf_gain(tmp_path / f"seed{seed}", seed)
         assert out["reward_model_metrics"]["reward_model/accuracy"] > 0.9  # the RM ranks its training pairs
         assert out["rm_reward_last"] > out["rm_reward_first"], out  # RL climbs the reward model ...
         gains.append(gain)
     # ... and the task reward follows: on average, and on at least 2 of the 3 seeds
-    assert sum(gains) / len(gains) > 0.05 and sum(g > 0 for g in gains) >= 2, gains
+    assert_learns(gains, 0.05, min_improving=2)
 
 
 @pytest.mark.parametrize("rl", ["maac", "iac"])
