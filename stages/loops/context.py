@@ -32,6 +32,7 @@ from stages.tasks.formatters import build_formatter
 from stages.tasks.taskset import load_items
 from stages.tasks.transitions import Transition, transition_identity
 
+
 @dataclass(frozen=True)
 class Reward:
     """A reward as the stages call it: the caller, the processor of its raw values and its key identity."""
@@ -59,7 +60,7 @@ class RunContext:
     sampling: SamplingConfig
     episode: Episode
     plan: RunPlan
-    session: Session = field(default_factory=Session, compare=False)
+    session: Session = field(default_factory=Session)
     critic_paths: list[str] | None = None  # actor-critic: resolved critic sources (IAC separate: one per agent)
     transition_id: dict | None = None
     eval_hooks: tuple | None = None  # (eval_logger, eval_aggregator) from the config's import paths
