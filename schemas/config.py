@@ -782,12 +782,12 @@ RUN_CONFIGS: dict[str, type[RunConfig]] = {"iac": IACRunConfig, "maac": MAACRunC
 
 def rl_trainer_fields(trainer: MARLHFConfig, rl_algorithm: str) -> dict[str, Any]:
     """The trainer values a MARLHF(-iter) run hands to its `rl_algorithm`'s trainer config: every field the two
-    configs share, except loss_on_padding (the RL phase keeps its default); for maac/iac critic_learning_rate falls
+    configs share (loss_on_padding included, for the MAGRPO family); for maac/iac critic_learning_rate falls
     back to agent_learning_rate and critic_devices (under mp) to agent_devices; the MAGRPO family gets joint_mode
     'aligned' and advantage_mode null (the algorithm's default)."""
     algo = RL_ALIASES[str(rl_algorithm).lower()]
     target = RUN_CONFIGS.get(algo, RunConfig).model_fields["trainer"].annotation.model_fields
-    out = {k: getattr(trainer, k) for k in type(trainer).model_fields if k in target and k != "loss_on_padding"}
+    out = {k: getattr(trainer, k) for k in type(trainer).model_fields if k in target}
     if algo in ("iac", "maac"):
         mp_devices = trainer.agent_devices if trainer.parallel_training == "mp" else None
         out.update(critic_learning_rate=trainer.critic_learning_rate or trainer.agent_learning_rate,
