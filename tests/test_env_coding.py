@@ -98,3 +98,35 @@ def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
     s = run_direct(cfg)
     assert s["env_steps"] == 4 * 4 and {"eval/pass@1", "eval/valid_rate", "eval/test_reward_mean"} <= set(s["eval"])
     assert 0.0 <= s["eval"]["eval/turn_1/reward_mean"] <= 1.0
+
+
+def test_level_feedback_diagnoses_in_levels():
+    item = {"prompt": "def add(a, b):\n", "entry_point": "add",
+            "test": "def check(candidate):\n    assert candidate(1, 1) == 2\n    assert candidate(2, 3) == 5\n"}
+
+    def feedback(main: str) -> str:
+        out = coding.level_feedback(prompt=item["prompt"], agent_completions=["def aux(): pass", main], num_agents=2,
+                                    item=item)
+        assert len(out) == 2 and out[1].startswith(item["prompt"]) and main.splitlines()[0] in out[1]
+        return out[1]
+
+    assert "not valid Python: line 1" in feedback("def add(:")
+    assert "does not define the function `add`" in feedback("def plus(a, b):\n    return a + b")
+    wrong = feedback("def add(a, b):\n    return a * b")
+    assert "0 of 2 tests pass" in wrong and "assert candidate(2, 3) == 5" in wrong
+    assert "All tests pass" in feedback("def add(a, b):\n    return a + b")
+
+
+def test_multi_turn_level_feedback_runs_end_to_end_on_the_tiny_model(tmp_path):
+    from stages.loops.run import run_direct
+
+    cfg = load_config("configs/magrpo-humaneval.yaml", {
+        "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 12,
+        "trainer.num_turns": 2, "trainer.num_generations": 2, "trainer.early_termination_threshold": None,
+        "transition": {"name": "stages.tasks.envs.coding:level_feedback"},
+        "taskset.num_items": 2, "taskset.num_eval_items": 2,
+        "formatters": [{"function": "stages.tasks.envs.coding:helper_prompt"},
+                       {"function": "stages.tasks.envs.coding:main_prompt"}]}, algorithm="magrpo")
+    s = run_direct(cfg)
+    assert s["env_steps"] == 2 * (2 + 2 * 2)  # items x (K root joint actions + K children x K)
+    assert "eval/turn_2/reward_mean" in s["eval"]

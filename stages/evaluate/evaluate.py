@@ -50,7 +50,8 @@ def evaluate(policies: PolicyGroup, items: list[dict], formatters: list[Callable
             for a in range(n):
                 ph[j][a].append(prompts[a][j])
                 rh[j][a].append(joint[a])
-            ext = episode.transition(it.get("prompt", ""), joint, ph[j], rh[j], reward=reward[it["_item_id"]])
+            ext = episode.transition(it.get("prompt", ""), joint, ph[j], rh[j], reward=reward[it["_item_id"]],
+                                     item=it)
             for a in range(n):
                 nxt[a].append(episode.prompt_for(formatters[a], it, ext[a]))
         prompts = nxt

@@ -107,7 +107,7 @@ def generate_tree(policies: PolicyGroup, items: list[dict], formatters: list[Cal
             for s in mine:
                 joint = [texts[(nd.node_id, a, s["combo"][a])] for a in range(n)]
                 rh = [nd.response_history[a] + [joint[a]] for a in range(n)]
-                ext = episode.transition(nd.item.get("prompt", ""), joint, ph, rh, reward=s["reward"])
+                ext = episode.transition(nd.item.get("prompt", ""), joint, ph, rh, reward=s["reward"], item=nd.item)
                 prompts = [episode.prompt_for(formatters[a], nd.item, ext[a]) for a in range(n)]
                 children.append(_Node(next_id, nd.item, prompts, (nd.node_id, s["joint_idx"]), ph, rh))
                 next_id += 1

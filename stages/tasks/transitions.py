@@ -8,7 +8,8 @@ The keyword contract (as in CoMLRL 1.4.3): a transition is called as
 and returns a list/tuple of N prompts, one per agent. The histories run along the branch and
 include the current turn (the prompts actually used and the completions chosen). Only those
 keywords are passed; anything else is bound with `transition.kwargs`. coopflow adds one opt-in
-keyword: a transition that declares `reward` also receives the joint action's (processed) score.
+keywords: a transition that declares `reward` also receives the joint action's (processed) score, one that
+declares `item` the task item (its fields: e.g. a coding problem's tests).
 
 Built-ins:
 - `plain`:    the original prompt, the previous answers, and an instruction to revise;
@@ -68,11 +69,14 @@ class Transition:
         except (TypeError, ValueError):
             params = {}
         self.wants_reward = "reward" in params and "reward" not in (kwargs or {})
+        self.wants_item = "item" in params and "item" not in (kwargs or {})
 
     def __call__(self, prompt: str, agent_completions: list[str], prompt_history: list[list[str]],
-                 response_history: list[list[str]], reward: float | None = None) -> list[str]:
+                 response_history: list[list[str]], reward: float | None = None, item: dict | None = None) -> list[str]:
         n = len(agent_completions)
         extra = {"reward": reward} if self.wants_reward else {}
+        if self.wants_item:
+            extra["item"] = {k: v for k, v in (item or {}).items() if not k.startswith("_")}
         out = self.fn(prompt=prompt, agent_completions=list(agent_completions), num_agents=n,
                       prompt_history_per_agent=[list(h) for h in prompt_history],
                       response_history_per_agent=[list(h) for h in response_history], **extra)

