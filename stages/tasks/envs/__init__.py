@@ -2,13 +2,22 @@
 evaluation hooks and (optionally) a multi-turn transition, named from configs by import path.
 
 - `coding` (HumanEval): a helper and a main agent write a program together; sandboxed tests score it.
+- `writing` (TL;DR): a short and a long summary of the same post; a dual-length reward.
 
 `TASKSETS` maps the built-in taskset names the environments add to (source digest, loader).
 """
 
+import hashlib
+import json
+
 from artifacts import sha256_file
-from stages.tasks.envs import coding
+from stages.tasks.envs import coding, writing
 
 TASKSETS = {
     "humaneval": (lambda: {"file_sha256": sha256_file(coding.humaneval_file())}, coding.humaneval_splits),
+    "tldr-mini": (lambda: {"posts_sha256": _digest(writing.POSTS)}, writing.tldr_mini_splits),
 }
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj).encode()).hexdigest()
