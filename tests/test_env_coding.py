@@ -130,3 +130,38 @@ def test_multi_turn_level_feedback_runs_end_to_end_on_the_tiny_model(tmp_path):
     s = run_direct(cfg)
     assert s["env_steps"] == 2 * (2 + 2 * 2)  # items x (K root joint actions + K children x K)
     assert "eval/turn_2/reward_mean" in s["eval"]
+
+
+MBPP_ROWS = [  # the MBPP row shape (text, code, test_list), problems written for this test
+    {"task_id": 1, "text": "Write a function to add two numbers.", "code": "def add_two(a, b):\n    return a + b",
+     "test_list": ["assert add_two(1, 2) == 3", "assert add_two(0, 0) == 0", "assert add_two(-1, 1) == 0"]},
+    {"task_id": 2, "text": "Write a function to reverse a string.", "code": "def rev(s):\n    return s[::-1]",
+     "test_list": ["assert rev('ab') == 'ba'", "assert rev('') == ''"], "test_setup_code": "import string"},
+]
+
+
+def test_mbpp_rows_map_to_the_same_reward(tmp_path):
+    items = [coding.mbpp_item(r) for r in MBPP_ROWS]
+    assert items[0]["entry_point"] == "add_two" and "assert add_two(1, 2) == 3" in items[0]["prompt"]
+    good = coding.humaneval_reward([r["code"] for r in MBPP_ROWS], batch_items=items)
+    half = coding.humaneval_reward(["def add_two(a, b):\n    return a * b", "def rev(s):\n    return s"],
+                                   batch_items=items)
+    assert good == [1.0, 1.0]
+    assert half == pytest.approx([0.2 + 0.8 * 1 / 3, 0.2 + 0.8 * 1 / 2])  # 0*0 == 0 passes; rev('') passes
+
+
+def test_mbpp_taskset_from_a_local_file(tmp_path):
+    import json as _json
+
+    from artifacts import ArtifactStore
+    from schemas.config import TasksetConfig
+    from stages.tasks.taskset import build_taskset, load_items
+
+    f = tmp_path / "mbpp.jsonl"
+    f.write_text("".join(_json.dumps(r) + "\n" for r in MBPP_ROWS * 3))  # 6 rows: every 5th to eval
+    store = ArtifactStore(tmp_path / "artifacts")
+    ref = build_taskset(TasksetConfig(name=f"mbpp:{f}"), store)
+    train, ev = load_items(store, ref, "train"), load_items(store, ref, "eval")
+    assert len(train) == 4 and len(ev) == 2 and {"entry_point", "test", "prompt"} <= set(train[0])
+    with pytest.raises(ValueError, match="cannot find the function"):
+        coding.mbpp_item({"task_id": 9, "text": "x", "test_list": ["print(1)"]})

