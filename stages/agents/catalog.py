@@ -15,7 +15,6 @@ Checksums: the artifact's manifest records the sha256 of every written file, ver
 `coopflow_model.json` records the entry and the sha256 of the GGUF it was converted from.
 """
 
-import hashlib
 import importlib.util
 import json
 from dataclasses import dataclass
@@ -75,14 +74,6 @@ def gguf_path(entry: CatalogEntry) -> Path:
                               f"(its weights file {entry.file}): {entry.pip}")
 
 
-def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def convert_gguf(gguf: Path, out: Path) -> None:
     """Write a plain HF directory (safetensors + tokenizer + chat template) converted from a GGUF file."""
     for dep in ("gguf", "accelerate"):
@@ -106,10 +97,10 @@ def convert_gguf(gguf: Path, out: Path) -> None:
 
 def _key(entry: CatalogEntry) -> tuple[Path, str, str]:
     """(GGUF file, its sha256, the `model` artifact key of its conversion)."""
-    from artifacts import key_for
+    from artifacts import key_for, sha256_file
 
     src = gguf_path(entry)
-    digest = sha256_of(src)
+    digest = sha256_file(src)
     return src, digest, key_for("model", {"catalog": entry.name, "package": f"{entry.package}=={entry.version}",
                                           "gguf": digest})
 
