@@ -41,3 +41,23 @@ def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
         "taskset.num_items": 4, "formatters": None}, algorithm="magrpo")  # the tiny model has no chat template
     s = run_direct(cfg)
     assert s["env_steps"] == 4 * 4 and -1.0 <= s["eval"]["eval/turn_1/reward_mean"] <= 1.0
+
+
+def test_the_hf_tldr_path_reads_a_local_dataset_of_the_same_shape(tmp_path):
+    """`taskset.name: hf:trl-lib/tldr` online; offline the same loader reads a local dataset dir of that shape."""
+    import json
+
+    from artifacts import ArtifactStore
+    from schemas.config import TasksetConfig
+    from stages.tasks.taskset import build_taskset, load_items
+
+    d = tmp_path / "tldr"
+    d.mkdir()
+    for split, posts in (("train", writing.POSTS[:3]), ("validation", writing.POSTS[3:5])):
+        (d / f"{split}.jsonl").write_text("".join(json.dumps({"prompt": p + "\nTL;DR:", "completion": " short."}) + "\n"
+                                                  for p in posts))
+    store = ArtifactStore(tmp_path / "artifacts")
+    ref = build_taskset(TasksetConfig(name=f"hf:{d}", split="train", eval_split="validation"), store)
+    train, ev = load_items(store, ref, "train"), load_items(store, ref, "eval")
+    assert len(train) == 3 and len(ev) == 2 and train[0]["prompt"].endswith("TL;DR:")
+    assert writing.dual_length_reward(["x" * 220], ["y" * 550]) == [1.0]
