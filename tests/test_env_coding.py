@@ -83,7 +83,8 @@ def test_eval_hooks_report_pass_at_1(problems):
     detailed = coding.eval_logger(completions, [i["test"] for i in items], [i["entry_point"] for i in items],
                                   [i["prompt"] for i in items])
     m = coding.eval_aggregator(detailed)
-    assert m == {"pass@1": 0.5, "valid_rate": 0.5, "defined_rate": 0.5, "test_reward_mean": 0.5}
+    assert m == {"pass@1": 0.5, "valid_rate": 0.5, "defined_rate": 0.5, "test_reward_mean": 0.5,
+                 "main/defines_entry_rate": 0.5, "helper/defines_aux_rate": 1.0}
 
 
 def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):

@@ -281,13 +281,24 @@ def eval_logger(agent_completions_turns, test_cases, entry_points, prompts) -> l
     items = [{"prompt": p, "test": t, "entry_point": e} for p, t, e in zip(prompts, test_cases, entry_points)]
     last = [[turns[-1] for turns in agent] for agent in agent_completions_turns]
     helpers = last[0] if len(last) > 1 else [None] * len(items)
-    return score_joint(items, last[-1], helpers)
+    out = score_joint(items, last[-1], helpers)
+    for d, h, it, m in zip(out, helpers, items, last[-1]):  # per role: did each write its own function?
+        d["main_defines_entry"] = _defines(extract_code(m), it["entry_point"])
+        if h is not None:
+            d["helper_defines_aux"] = _defines(extract_code(h), "aux")
+    return out
 
 
 def eval_aggregator(detailed: list[dict], num_turns: int = 1) -> dict[str, float]:
-    """pass@1 (every test passes), the mean reward and how often the answer was valid / defined the function."""
+    """pass@1 (every test passes), the mean reward, how often the answer was valid / defined the function, and
+    per role how often each agent wrote its own function (main: the entry point; helper: `aux`)."""
     n = max(1, len(detailed))
-    return {"pass@1": sum(d["passed_all"] for d in detailed) / n,
-            "valid_rate": sum(d["valid"] for d in detailed) / n,
-            "defined_rate": sum(d["defined"] for d in detailed) / n,
-            "test_reward_mean": sum(d["reward"] for d in detailed) / n}
+    out = {"pass@1": sum(d["passed_all"] for d in detailed) / n,
+           "valid_rate": sum(d["valid"] for d in detailed) / n,
+           "defined_rate": sum(d["defined"] for d in detailed) / n,
+           "test_reward_mean": sum(d["reward"] for d in detailed) / n}
+    if detailed and "main_defines_entry" in detailed[0]:
+        out["main/defines_entry_rate"] = sum(d["main_defines_entry"] for d in detailed) / n
+    if detailed and "helper_defines_aux" in detailed[0]:
+        out["helper/defines_aux_rate"] = sum(d["helper_defines_aux"] for d in detailed) / n
+    return out
