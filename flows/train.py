@@ -360,9 +360,7 @@ def run_preference(algorithm: str, config: dict | None, config_path: str | None,
         tracker.record("checkpoint.final", ckpt, tag=True)
         summary.update(env_steps=env_steps, checkpoint=str(store.open_dir(ckpt)))
         if "evaluate" in stages:  # always with the task reward
-            if "evaluate" in refresh:
-                store.remove("eval", eval_key(eval_ctx, ckpt.key))
-            ev_ref, ev = evaluate_task(quote(eval_ctx), ckpt, False)
+            ev_ref, ev = evaluate_task(quote(eval_ctx), ckpt, "evaluate" in refresh)
             tracker.record("eval", ev_ref, tag=True)
             tracker.log_metrics([{"key": k, "value": v, "env_step": env_steps} for k, v in ev.items()], flush=False)
             summary["eval"] = ev

@@ -74,7 +74,7 @@ def update_keys(ctx: "RunContext", policy_key: str, u: Update) -> UpdateKeys:
 def eval_key(ctx: "RunContext", ckpt_key: str) -> str:
     """Key of the final evaluation artifact of a checkpoint."""
     t = ctx.cfg.trainer
-    items = ctx.eval_items[:t.eval_num_samples] if t.eval_num_samples else ctx.eval_items
+    items = ctx.eval_items_used()
     fmt = [ctx.cfg.formatter_for(i).model_dump() for i in range(ctx.n)]
     spec = {"checkpoint": ckpt_key, "items": items_digest(items), "sampling": ctx.sampling.__dict__,
             "reward": ctx.eval_reward()[2], "formatters": fmt, "seed": ctx.cfg.seed}

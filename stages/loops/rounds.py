@@ -80,28 +80,27 @@ def _comparator(ctx: RunContext, r: int, keys: list[str], target):
     t = ctx.cfg.trainer
     a = ctx.cfg.agents
     devices = agent_devices(t.comparator_devices, ctx.n, a.device)
+
+    def frozen(dirs) -> Policies:  # comparator agent i from dirs[i] on comparator device i
+        return Policies([load_policies([d], t.agent_learning_rate, a.dtype, a.attn_implementation, dev).agents[0]
+                         for d, dev in zip(dirs, devices)])
+
     if t.comparator_policy == "current" or (t.comparator_policy == "current_copy" and set(devices) == {a.device}):
         return target, True  # (current_copy on the agents' own devices uses the agents, as the reference)
     if t.comparator_policy == "current_copy":  # a frozen copy of this round's starting policy on other devices
         prev = ctx.store.find("checkpoint", keys[r - 2]) if r > 1 else None
         dirs = CheckpointLayout(ctx.store.open_dir(prev)).sources(ctx.n)[0] if prev is not None else ctx.sources
-        pols = [load_policies([d], t.agent_learning_rate, a.dtype, a.attn_implementation, dev).agents[0]
-                for d, dev in zip(dirs, devices)]
-        return Policies(pols), False
+        return frozen(dirs), False
     if t.comparator_policy == "history":
         k = t.comparator_history_k or 1
         for back in range(r - k, 0, -1):  # round r-k, else the newest earlier one, else the initial agents
             ref = ctx.store.find("checkpoint", keys[back - 1])
             if ref is not None:
-                dirs = CheckpointLayout(ctx.store.open_dir(ref)).sources(ctx.n)[0]
-                return Policies([load_policies([d], t.agent_learning_rate, a.dtype, a.attn_implementation,
-                                               dev).agents[0] for d, dev in zip(dirs, devices)]), False
-        return Policies([load_policies([d], t.agent_learning_rate, a.dtype, a.attn_implementation, dev).agents[0]
-                         for d, dev in zip(ctx.sources, devices)]), False
+                return frozen(CheckpointLayout(ctx.store.open_dir(ref)).sources(ctx.n)[0]), False
+        return frozen(ctx.sources), False
     srcs = t.comparator_agents or [t.comparator_model_name] * ctx.n
     paths, _ = resolve_model_sources(srcs, ctx.cfg, ctx.store, "trainer.comparator_model_name")
-    return Policies([load_policies([d], t.agent_learning_rate, a.dtype, a.attn_implementation, dev).agents[0]
-                     for d, dev in zip(paths, devices)]), False
+    return frozen(paths), False
 
 
 def api_rows(ctx: RunContext, prompts: list[list[str]], n: int) -> list[dict]:

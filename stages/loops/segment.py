@@ -17,7 +17,7 @@ returns its refs without loading a model.
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from artifacts import ArtifactRef
 from stages.agents.checkpoint import CheckpointLayout
@@ -113,12 +113,11 @@ def peek_policies(ctx: RunContext, ckpt: ArtifactRef):
 
 @dataclass
 class SegmentResult:
-    """Refs a finished segment produced (all artifacts) and what actually ran."""
+    """Refs a finished segment produced (all artifacts); `cached` when it was already stored."""
 
     checkpoint: ArtifactRef
     steps: ArtifactRef
     metrics: ArtifactRef
-    executed: dict = field(default_factory=dict)
     cached: bool = False
 
 
@@ -186,7 +185,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     end_key = ends[seg_index]
     done = [store.find(kind, end_key) for kind in ("checkpoint", "steps", "metrics")]
     if all(done):  # the whole segment is already stored: nothing to run
-        return SegmentResult(done[0], done[1], done[2], {}, cached=True)
+        return SegmentResult(done[0], done[1], done[2], cached=True)
     t_load = time.perf_counter()
     pol = acquire_policies(ctx, start, start_key)
     t_train = time.perf_counter()
@@ -194,7 +193,6 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     state = dict(pol.state)
     policy_key = start_key
     steps_rows, metric_rows = [], []
-    executed: Counter = Counter()
     timing: Counter = Counter()
     gen_tokens = 0
     epoch_acc: dict = {}
@@ -210,7 +208,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
             if t.eval_interval and t.eval_num_samples and any(i % t.eval_interval == 0 for i in u.item_ids):
                 t0 = time.perf_counter()
                 ecaller, eproc, _ = ctx.eval_reward()
-                _, em = evaluate(pol, ctx.eval_items[:t.eval_num_samples], fmts, ctx.sampling, ecaller,
+                _, em = evaluate(pol, ctx.eval_items_used(), fmts, ctx.sampling, ecaller,
                                  eproc, derive_seed(cfg.seed, "eval", u.index), ctx.episode, ctx.eval_hooks)
                 ctx.session.calls["evaluate"] += 1
                 timing["eval_s"] += time.perf_counter() - t0
@@ -226,20 +224,17 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
                 sref = store.find("scores", sk) or store.put_table("scores", sk, scores)
                 ctx.session.calls["generate"] += 1
                 ctx.session.calls["score"] += 1
-                executed["generate"] += 1
                 gen_tokens += sum(r["length"] for r in rows)
                 timing["generate_s"] += time.perf_counter() - t0
                 t0 = time.perf_counter()
             else:
                 rows = store.read_rows(ref)
-                executed["replayed"] += 1
                 t0 = time.perf_counter()
                 sref, scores = score_or_load(ctx, rows, by_id, sk, base)
             # --- advantages + update: the algorithm's strategy (critic-free baseline or actor-critic)
             step_fn = _actor_critic_update if is_actor_critic(cfg) else _baseline_update
             aref, per_turn, um = step_fn(ctx, pol, rows, scores, keys, u, timing, t0)
             per_turn.update(domain_metrics(ctx, rows, scores))
-            executed["update"] += 1
             policy_key = keys.policy_after
             # --- metrics (the reference's names, per turn, gated by logging_steps)
             means = node_means(scores)
@@ -285,7 +280,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
         metric_rows.append({"key": "timing/env_steps_per_s", "value": n_env / total_t, "env_step": env_end})
     steps = store.put_table("steps", ckpt_key, steps_rows)
     metrics = store.put_table("metrics", ckpt_key, metric_rows)
-    return SegmentResult(ckpt, steps, metrics, dict(executed))
+    return SegmentResult(ckpt, steps, metrics)
 
 
 def _baseline_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict], keys: UpdateKeys, u: Update,
