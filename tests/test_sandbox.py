@@ -86,3 +86,10 @@ def test_results_come_back_in_input_order():
 def test_tracebacks_name_the_program_and_its_lines():
     r = run_python("x = 1\ny = 2\nraise ValueError('line three')", LIMITS)
     assert 'File "program.py", line 3' in r.stderr and "ValueError: line three" in r.stderr
+
+
+@pytest.mark.parametrize("iso", MODES)
+def test_running_out_of_cpu_seconds_is_a_timeout(iso):
+    """A busy loop may hit the CPU-seconds limit (SIGXCPU) before the wall clock: that too is a timeout."""
+    r = run_python("while True:\n    pass", SandboxLimits(timeout_s=30, cpu_s=1), iso)
+    assert r.status == "timeout" and r.seconds < 10, r

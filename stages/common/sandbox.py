@@ -53,7 +53,8 @@ class SandboxLimits:
 
 @dataclass(frozen=True)
 class RunResult:
-    """What a sandboxed program did: status ok | error | timeout | output_limit | killed."""
+    """What a sandboxed program did: status ok | error | timeout (wall clock or CPU seconds ran out) |
+    output_limit | killed."""
 
     status: str
     returncode: int | None
@@ -209,6 +210,8 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), isolation: Is
         if status is None:
             if rc == 0:
                 status = "ok"
+            elif rc == -signal.SIGXCPU:  # the CPU-seconds limit ran out before the wall clock did
+                status = "timeout"
             elif rc == -signal.SIGXFSZ:
                 status = "output_limit"
             elif rc is not None and rc < 0:
