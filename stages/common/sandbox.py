@@ -62,6 +62,7 @@ class RunResult:
     stderr: str
     seconds: float
     isolation: str  # "os" (own uid + no network + limits) or "process" (limits + guard only)
+    uid: int | None = None  # the uid it ran as ("os" isolation), every process of which was killed after it
 
     @property
     def ok(self) -> bool:
@@ -220,7 +221,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), isolation: Is
                 status = "error"
         return RunResult(status, rc, _read(work / ".stdout", limits.max_output_bytes),
                          _read(work / ".stderr", limits.max_output_bytes), seconds,
-                         "os" if uid is not None else "process")
+                         "os" if uid is not None else "process", uid)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
