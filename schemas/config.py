@@ -231,6 +231,9 @@ class _TrainerBase(_Strict):
     external_prompt_passthrough: bool = Field(False, description="Pass transition prompts to formatters unchanged.")
     eval_interval: int = Field(16, ge=0, description="Evaluate every this many training items (0 = off).")
     eval_num_samples: int = Field(4, ge=0, description="Eval items per evaluation.")
+    eval_samples_per_item: int = Field(
+        1, ge=1, description="Sampled paths per eval item (1 = the reference's single path); n > 1 gives the "
+                             "evaluation hooks n answers per item (the coding environment's pass@k, k <= n).")
     eval_batch_size: int = Field(1, ge=1, description="Eval batch size (kept for compatibility; eval is batched).")
     rollout_buffer_size: int = Field(2, ge=1, description="Samples (MAGRPO family: node samples) per agent collected "
                                                           "before one update.")

@@ -19,8 +19,9 @@ Kinds:
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "5"  # 2: rollouts.ref_kl; 3: rollouts.parent_node/parent_joint (trees); 4: scores.agent_rewards,
-# ac_samples; 5: steps.signal/signal_kind (the learning-signal artifact of an update: advantages, ac_samples or pairs)
+SCHEMA_VERSION = "6"  # 2: rollouts.ref_kl; 3: rollouts.parent_node/parent_joint (trees); 4: scores.agent_rewards,
+# ac_samples; 5: steps.signal/signal_kind (the learning-signal artifact of an update: advantages, ac_samples or
+# pairs); 6: eval.sample (several sampled paths per eval item)
 
 _i32, _i64, _f64, _str, _bool = pa.int32(), pa.int64(), pa.float64(), pa.string(), pa.bool_()
 
@@ -62,8 +63,8 @@ TABLES: dict[str, pa.Schema] = {
     ]),
     "metrics": _schema("metrics", [("key", _str), ("value", _f64), ("env_step", _i64)]),
     "eval": _schema("eval", [
-        ("item_id", _i64), ("turn", _i32), ("agent", _i32), ("prompt", _str), ("completion_text", _str),
-        ("reward", _f64), ("return", _f64),
+        ("item_id", _i64), ("sample", _i32), ("turn", _i32), ("agent", _i32), ("prompt", _str),
+        ("completion_text", _str), ("reward", _f64), ("return", _f64),
     ]),
     "steps": _schema("steps", [
         ("update", _i64), ("epoch", _i32), ("env_step", _i64), ("rollouts", _str), ("scores", _str),

@@ -396,7 +396,8 @@ _RL_COMMON = {  # the MARLHF trainer below, field by field, as its RL backend ge
     "parallel_training": "mp", "agent_devices": ["cpu", "cpu"], "num_generations": 3, "max_new_tokens": 256,
     "temperature": 0.6, "top_p": 0.6, "top_k": 7, "num_turns": 1, "discount": 1.0,
     "early_termination_threshold": None, "external_prompt_passthrough": False, "eval_interval": 16,
-    "eval_num_samples": 4, "eval_batch_size": 1, "rollout_buffer_size": 2, "train_batch_size": None,
+    "eval_num_samples": 4, "eval_samples_per_item": 1, "eval_batch_size": 1, "rollout_buffer_size": 2,
+    "train_batch_size": None,
     "advantage_normalization": True, "reference_kl_enabled": False, "reference_kl_coef": 0.1,
     "reference_devices": None,
 }

@@ -87,6 +87,28 @@ def test_eval_hooks_report_pass_at_1(problems):
                  "main/defines_entry_rate": 0.5, "helper/defines_aux_rate": 1.0}
 
 
+def test_pass_at_k_is_the_unbiased_estimator():
+    assert coding.pass_at_k(5, 2, 1) == pytest.approx(0.4)
+    assert coding.pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
+    assert coding.pass_at_k(5, 0, 5) == 0.0 and coding.pass_at_k(5, 1, 5) == 1.0 and coding.pass_at_k(4, 2, 3) == 1.0
+    with pytest.raises(ValueError, match="pass@3 needs at least 3"):
+        coding.pass_at_k(2, 1, 3)
+
+
+def test_eval_hooks_report_pass_at_k_over_samples_per_problem(problems):
+    """Two problems x 3 samples (as evaluate passes them with eval_samples_per_item 3): problem A passes in 1
+    sample of 3, problem B in none -> pass@1 = (1/3 + 0)/2, pass@3 = (1 + 0)/2, pass@2 = (1 - C(2,2)/C(3,2))/2."""
+    a, b = problems["eval"][:2]
+    good_a = a["prompt"] + a["canonical_solution"]
+    mains = [good_a, "def nope(:", "x = 1"] + ["x = 1"] * 3
+    items = [a] * 3 + [b] * 3
+    detailed = coding.eval_logger([[["def aux(): pass"]] * 6, [[m] for m in mains]], [i["test"] for i in items],
+                                  [i["entry_point"] for i in items], [i["prompt"] for i in items])
+    m = coding.eval_aggregator(detailed)
+    assert m["pass@1"] == pytest.approx(1 / 6) and m["pass@3"] == pytest.approx(0.5)
+    assert m["pass@2"] == pytest.approx((1 - 1 / 3) / 2)
+
+
 def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
     """The pipeline with the coding env (the tiny random model scores 0; the real run is in the README)."""
     from stages.loops.run import run_direct

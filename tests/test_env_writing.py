@@ -33,6 +33,16 @@ def test_length_metrics_per_agent():
     assert writing.length_metrics(samples) == {"agent_0/char_length_mean": 3.0, "agent_1/char_length_mean": 6.0}
 
 
+def test_eval_hooks_report_lengths_ratio_and_target_rates():
+    short, long = ["s" * 220, "s" * 100, ""], ["l" * 550, "l" * 400, "l" * 10]
+    detailed = writing.eval_logger([[[x] for x in short], [[x] for x in long]])
+    assert [d["ratio"] for d in detailed] == [2.5, 4.0, 0.0]
+    m = writing.eval_aggregator(detailed)
+    assert m == pytest.approx({"short/char_length_mean": 320 / 3, "long/char_length_mean": 960 / 3,
+                               "long_short_ratio_mean": 6.5 / 3, "ratio_in_range_rate": 1 / 3,
+                               "short_on_target_rate": 1 / 3})
+
+
 def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
     from stages.loops.run import run_direct
 
@@ -41,6 +51,7 @@ def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
         "taskset.num_items": 4, "formatters": None}, algorithm="magrpo")  # the tiny model has no chat template
     s = run_direct(cfg)
     assert s["env_steps"] == 4 * 4 and -1.0 <= s["eval"]["eval/turn_1/reward_mean"] <= 1.0
+    assert {"eval/short/char_length_mean", "eval/ratio_in_range_rate"} <= set(s["eval"])
 
 
 def test_the_hf_tldr_path_reads_a_local_dataset_of_the_same_shape(tmp_path):

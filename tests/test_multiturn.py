@@ -159,6 +159,36 @@ def test_multi_turn_eval_follows_one_path_and_sums_rewards(policies):
                                "eval/turn_2/reward_mean": 1.0, "eval/turn_2/expected_return": 1.0})
 
 
+def test_eval_with_several_samples_per_item_follows_each_path(policies):
+    """samples=3: every (item, sample) is its own sampled path through both turns, the metrics are means over
+    items x samples, and the hooks get each item 3 times in a row."""
+    ep = Episode(2, "aligned", Transition("plain"), None, False, 1.0)
+    seen = {}
+
+    def logger(agent_completions_turns, test_cases, entry_points, prompts):
+        seen.update(prompts=prompts, shape=(len(agent_completions_turns), len(agent_completions_turns[0]),
+                                            len(agent_completions_turns[0][0])))
+        return [{"n": 1}] * len(prompts)
+
+    rows, m = evaluate(policies, ITEMS, [lambda it: it["prompt"]] * 2, SamplingConfig(2, 6, 1.0, 1.0, None),
+                       RewardCaller(resolve_reward("tests.helpers:turn_tagged_reward"), 2), resolve_processor(None),
+                       0, ep, (logger, lambda d, num_turns: {"count": len(d)}), samples=3)
+    assert len(rows) == 2 * 3 * 2 * 2  # items x samples x turns x agents
+    assert {(r["item_id"], r["sample"]) for r in rows} == {(i, s) for i in (0, 1) for s in range(3)}
+    first = {(r["item_id"], r["sample"]): r["completion_text"] for r in rows if r["turn"] == 0 and r["agent"] == 0}
+    second = {(r["item_id"], r["sample"]): r["prompt"] for r in rows if r["turn"] == 1 and r["agent"] == 0}
+    assert all(first[p] in second[p] for p in first)  # turn 2 of a path shows that path's own turn-1 answer
+    assert len({first[(0, s)] for s in range(3)}) > 1  # the samples are drawn independently
+    assert m == pytest.approx({"eval/turn_1/reward_mean": 0.25, "eval/turn_1/expected_return": 1.25,
+                               "eval/turn_2/reward_mean": 1.0, "eval/turn_2/expected_return": 1.0,
+                               "eval/count": 6.0})
+    assert seen == {"prompts": ["tell a story"] * 3 + ["describe the moon"] * 3, "shape": (2, 6, 2)}
+    with pytest.raises(ValueError, match="samples per item"):
+        evaluate(policies, ITEMS, [lambda it: it["prompt"]] * 2, SamplingConfig(2, 6, 1.0, 1.0, None),
+                 RewardCaller(resolve_reward("tests.helpers:turn_tagged_reward"), 2), resolve_processor(None),
+                 0, ep, samples=0)
+
+
 # --- end to end ----------------------------------------------------------------------------------
 
 

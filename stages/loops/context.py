@@ -200,7 +200,7 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
     # MAGRPO's rollout_buffer_size counts tree nodes per agent; the actor-critic trainers count samples per agent.
     units = ctx.nodes_per_item() * (t.num_generations if ac else 1)
     updates = plan_updates(len(train), t.num_train_epochs, t.rollout_buffer_size, ctx.joint_actions_per_item(), units)
-    est = budget.estimate(len(train), len(ctx.eval_items_used()), n, t.num_generations, t.num_turns, joint_mode,
+    est = budget.estimate(len(train), len(ctx.eval_items_used()) * t.eval_samples_per_item, n, t.num_generations, t.num_turns, joint_mode,
                           t.num_train_epochs, len(updates[0].item_ids) if updates else 1)
     budget.check(est, cfg.max_sequences)
     warn = budget.unreachable_turns_warning(t.num_turns, t.early_termination_threshold,

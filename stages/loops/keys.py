@@ -78,6 +78,8 @@ def eval_key(ctx: "RunContext", ckpt_key: str) -> str:
     fmt = [ctx.cfg.formatter_for(i).model_dump() for i in range(ctx.n)]
     spec = {"checkpoint": ckpt_key, "items": items_digest(items), "sampling": ctx.sampling.__dict__,
             "reward": ctx.eval_reward()[2], "formatters": fmt, "seed": ctx.cfg.seed}
+    if t.eval_samples_per_item > 1:
+        spec["samples_per_item"] = t.eval_samples_per_item
     if t.num_turns > 1:
         spec["episode"] = {"turns": t.num_turns, "transition": ctx.transition_id, "discount": t.discount,
                            "passthrough": t.external_prompt_passthrough}

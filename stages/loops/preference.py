@@ -156,7 +156,8 @@ def train_dpo(ctx: RunContext, pairs: ArtifactRef, show_progress: bool = False) 
                 if t.eval_interval and t.eval_num_samples and updates % t.eval_interval == 0:
                     ecaller, eproc, _ = ctx.eval_reward()
                     _, em = evaluate(pol, ctx.eval_items_used(), fmts, ctx.sampling, ecaller, eproc,
-                                       derive_seed(cfg.seed, "eval", updates), ctx.episode, ctx.eval_hooks)
+                                       derive_seed(cfg.seed, "eval", updates), ctx.episode, ctx.eval_hooks,
+                                     samples=ctx.cfg.trainer.eval_samples_per_item)
                     ctx.session.calls["evaluate"] += 1
                     metric_rows += [{"key": k, "value": v, "env_step": env} for k, v in em.items()]
                 chunk = ids[b:b + t.batch_size]

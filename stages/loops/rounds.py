@@ -249,7 +249,8 @@ def run_round(ctx: RunContext, r: int, show_progress: bool = False) -> dict:
         raise
     # --- evaluate (task reward) and checkpoint this round
     _, ev = evaluate(pol, ctx.eval_items_used(), fmts, ctx.sampling, ctx.caller, ctx.processor,
-                     derive_seed(cfg.seed, "round-eval", r), ctx.episode, ctx.eval_hooks)
+                     derive_seed(cfg.seed, "round-eval", r), ctx.episode, ctx.eval_hooks,
+                     samples=ctx.cfg.trainer.eval_samples_per_item)
     ctx.session.calls["evaluate"] += 1
     metrics.update(ev)
     state = {"round": r, "env_step": env, "algorithm": cfg.algorithm}

@@ -270,6 +270,7 @@ def evaluate_checkpoint(ctx: RunContext, ckpt: ArtifactRef) -> tuple[ArtifactRef
     pol = peek_policies(ctx, ckpt)
     ecaller, eproc, _ = ctx.eval_reward()
     rows, metrics = evaluate(pol, items, formatters_for(ctx, pol), ctx.sampling, ecaller, eproc,
-                             derive_seed(ctx.cfg.seed, "final-eval"), ctx.episode, ctx.eval_hooks)
+                             derive_seed(ctx.cfg.seed, "final-eval"), ctx.episode, ctx.eval_hooks,
+                             samples=ctx.cfg.trainer.eval_samples_per_item)
     ctx.session.calls["evaluate"] += 1
     return ctx.store.put_table("eval", key, rows), metrics

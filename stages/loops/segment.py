@@ -209,7 +209,8 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
                 t0 = time.perf_counter()
                 ecaller, eproc, _ = ctx.eval_reward()
                 _, em = evaluate(pol, ctx.eval_items_used(), fmts, ctx.sampling, ecaller,
-                                 eproc, derive_seed(cfg.seed, "eval", u.index), ctx.episode, ctx.eval_hooks)
+                                 eproc, derive_seed(cfg.seed, "eval", u.index), ctx.episode, ctx.eval_hooks,
+                                 samples=ctx.cfg.trainer.eval_samples_per_item)
                 ctx.session.calls["evaluate"] += 1
                 timing["eval_s"] += time.perf_counter() - t0
                 metric_rows += [{"key": k, "value": v, "env_step": base} for k, v in em.items()]

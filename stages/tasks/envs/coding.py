@@ -26,6 +26,7 @@ import ast
 import gzip
 import importlib.util
 import json
+import math
 import re
 from pathlib import Path
 
@@ -283,20 +284,34 @@ def eval_logger(agent_completions_turns, test_cases, entry_points, prompts) -> l
     helpers = last[0] if len(last) > 1 else [None] * len(items)
     out = score_joint(items, last[-1], helpers)
     for d, h, it, m in zip(out, helpers, items, last[-1]):  # per role: did each write its own function?
+        d["problem"] = it["prompt"]  # groups an item's samples for pass@k
         d["main_defines_entry"] = _defines(extract_code(m), it["entry_point"])
         if h is not None:
             d["helper_defines_aux"] = _defines(extract_code(h), "aux")
     return out
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem from n samples of which c pass every test: 1 - C(n-c, k) / C(n, k)."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples per problem, got {n}")
+    return 1.0 if n - c < k else 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
 def eval_aggregator(detailed: list[dict], num_turns: int = 1) -> dict[str, float]:
-    """pass@1 (every test passes), the mean reward, how often the answer was valid / defined the function, and
-    per role how often each agent wrote its own function (main: the entry point; helper: `aux`)."""
+    """pass@k (every test passes; k = 1, and with n samples per problem (`trainer.eval_samples_per_item`) also
+    k = n and the 2/5/10/... below it), the mean reward, how often the answer was valid / defined the function,
+    and per role how often each agent wrote its own function (main: the entry point; helper: `aux`)."""
     n = max(1, len(detailed))
-    out = {"pass@1": sum(d["passed_all"] for d in detailed) / n,
-           "valid_rate": sum(d["valid"] for d in detailed) / n,
-           "defined_rate": sum(d["defined"] for d in detailed) / n,
-           "test_reward_mean": sum(d["reward"] for d in detailed) / n}
+    groups: dict[str, list[bool]] = {}
+    for i, d in enumerate(detailed):
+        groups.setdefault(d.get("problem", str(i)), []).append(bool(d["passed_all"]))
+    fewest = min((len(g) for g in groups.values()), default=1)
+    ks = sorted({1, fewest} | {k for k in (2, 5, 10, 20, 50, 100) if k <= fewest})
+    out = {f"pass@{k}": sum(pass_at_k(len(g), sum(g), k) for g in groups.values()) / max(1, len(groups)) for k in ks}
+    out.update({"valid_rate": sum(d["valid"] for d in detailed) / n,
+                "defined_rate": sum(d["defined"] for d in detailed) / n,
+                "test_reward_mean": sum(d["reward"] for d in detailed) / n})
     if detailed and "main_defines_entry" in detailed[0]:
         out["main/defines_entry_rate"] = sum(d["main_defines_entry"] for d in detailed) / n
     if detailed and "helper_defines_aux" in detailed[0]:

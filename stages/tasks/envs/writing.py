@@ -12,7 +12,9 @@ about `short_target` characters, and the long one `ratio_min`–`ratio_max` time
 Data: `taskset.name: tldr-mini`, a small set of forum-style posts written for this project (CC0): 12
 train and 4 eval posts, each asking to be summarised; with network, `hf:trl-lib/tldr` (Reddit TL;DR,
 column `prompt`) works with the same reward and formatters. `length_metrics` is a `metrics_callback`
-logging the mean characters of each role's answers.
+logging the mean characters of each role's answers; `eval_logger` / `eval_aggregator` are the evaluation
+hooks (per role: mean characters; the long/short ratio, how often it is inside [2, 3], how often the
+short one is within 20 % of its target).
 """
 
 POSTS = [
@@ -108,3 +110,29 @@ def length_metrics(samples: list[dict]) -> dict[str, float]:
     for s in samples:
         by.setdefault(s["agent"], []).append(len(s["completion_text"]))
     return {f"agent_{a}/char_length_mean": sum(v) / len(v) for a, v in sorted(by.items())}
+
+
+# --- evaluation hooks ---------------------------------------------------------------------------------
+
+
+def eval_logger(agent_completions_turns, test_cases=None, entry_points=None, prompts=None,
+                ratio_min: float = 2.0, ratio_max: float = 3.0, short_target: int = 220) -> list[dict]:
+    """Per eval item (last turn): each role's length, the long/short ratio and whether each meets its target."""
+    out = []
+    for short, long in zip(*[[turns[-1] for turns in agent] for agent in agent_completions_turns[:2]]):
+        ls, ll = len(short.strip()), len(long.strip())
+        ratio = ll / ls if ls else 0.0
+        out.append({"short_chars": ls, "long_chars": ll, "ratio": ratio,
+                    "ratio_in_range": ls > 0 and ratio_min <= ratio <= ratio_max,
+                    "short_on_target": abs(ls - short_target) <= 0.2 * short_target})
+    return out
+
+
+def eval_aggregator(detailed: list[dict], num_turns: int = 1) -> dict[str, float]:
+    """Means over eval items: short/long characters, the ratio, and the two target rates."""
+    n = max(1, len(detailed))
+    return {"short/char_length_mean": sum(d["short_chars"] for d in detailed) / n,
+            "long/char_length_mean": sum(d["long_chars"] for d in detailed) / n,
+            "long_short_ratio_mean": sum(d["ratio"] for d in detailed) / n,
+            "ratio_in_range_rate": sum(d["ratio_in_range"] for d in detailed) / n,
+            "short_on_target_rate": sum(d["short_on_target"] for d in detailed) / n}
