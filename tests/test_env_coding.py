@@ -1,5 +1,7 @@
 """The HumanEval coding environment: data, prompts per role, the sandboxed reward with partial credit."""
 
+import json
+
 import pytest
 
 from schemas.config import load_config
@@ -129,7 +131,7 @@ def test_level_feedback_diagnoses_in_levels():
 
     def feedback(main: str) -> str:
         out = coding.level_feedback(prompt=item["prompt"], agent_completions=["def aux(): pass", main], num_agents=2,
-                                    item=item)
+                                    item=item, sandbox_slice="all")
         assert len(out) == 2 and out[1].startswith(item["prompt"]) and main.splitlines()[0] in out[1]
         return out[1]
 
@@ -138,6 +140,55 @@ def test_level_feedback_diagnoses_in_levels():
     wrong = feedback("def add(a, b):\n    return a * b")
     assert "0 of 2 tests pass" in wrong and "assert candidate(2, 3) == 5" in wrong
     assert "All tests pass" in feedback("def add(a, b):\n    return a + b")
+
+
+def test_level_feedback_runs_only_the_sandbox_slice_of_the_tests():
+    """The reference's sandbox_slice: 1 (default) runs the first assertion, -1 the last, 'all' every one."""
+    item = {"prompt": "def add(a, b):\n", "entry_point": "add",
+            "test": "def check(candidate):\n    x = 1\n    assert candidate(1, 1) == 2\n    assert candidate(2, 3) == 9\n"
+                    "    assert candidate(x, 0) == 1\n"}
+    main = "def add(a, b):\n    return a + b"
+
+    def feedback(**kw):
+        return coding.level_feedback(prompt=item["prompt"], agent_completions=["def aux(): pass", main],
+                                     num_agents=2, item=item, **kw)[1]
+
+    assert "All tests pass" in feedback()  # only candidate(1, 1) == 2 runs
+    assert "All tests pass" in feedback(sandbox_slice=-1)  # only the last (its setup line `x = 1` is kept)
+    assert "1 of 2 tests pass" in feedback(sandbox_slice=2) and "== 9" in feedback(sandbox_slice=2)
+    assert "2 of 3 tests pass" in feedback(sandbox_slice="all")
+    assert coding.humaneval_reward(["def aux(): pass"], [main], batch_items=[item]) == [pytest.approx(0.2 + 0.8 * 2 / 3)]
+    with pytest.raises(ValueError, match="sandbox_slice"):
+        feedback(sandbox_slice="first")
+
+
+def test_coophumaneval_from_a_local_file_first_16_to_eval(tmp_path):
+    """coophumaneval:<file>: HumanEval-shaped rows without a canonical solution; the first 16 are the eval split."""
+    from artifacts import ArtifactStore
+    from schemas.config import TasksetConfig
+    from stages.tasks.taskset import build_taskset, load_items
+
+    rows = [{"task_id": f"CoopHumanEval/{i}", "prompt": f"def f{i}(x):\n    \"\"\"x plus {i}\"\"\"\n",
+             "entry_point": f"f{i}", "test": f"def check(candidate):\n    assert candidate(1) == {1 + i}\n"}
+            for i in range(20)]
+    f = tmp_path / "che.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store = ArtifactStore(tmp_path / "store")
+    ref = build_taskset(TasksetConfig(name=f"coophumaneval:{f}"), store)
+    train, ev = load_items(store, ref, "train"), load_items(store, ref, "eval")
+    assert [it["entry_point"] for it in ev] == [f"f{i}" for i in range(16)]
+    assert [it["entry_point"] for it in train] == ["f16", "f17", "f18", "f19"]
+    helper_answer, main_answer = "def aux(x):\n    return x + 16", "def f16(x):\n    return aux(x)"
+    assert coding.humaneval_reward([helper_answer], [main_answer], batch_items=[train[0]]) == [1.0]
+    # a row without its test is named; too few problems for the 16-problem eval split is a clear error
+    f.write_text(json.dumps({**rows[0], "test": ""}) + "\n")
+    with pytest.raises(ValueError, match=r"row 1: CoopHumanEval row 'CoopHumanEval/0' lacks test"):
+        coding.coop_source(str(f))[1]()
+    f.write_text(json.dumps(rows[0]) + "\n")
+    with pytest.raises(ValueError, match="1 problems; CoopHumanEval evaluates on the first 16"):
+        coding.coop_source(str(f))[1]()
+    with pytest.raises(FileNotFoundError, match="neither a file nor an HF dataset id"):
+        coding.coop_source(str(tmp_path / "missing.jsonl"))
 
 
 def test_multi_turn_level_feedback_runs_end_to_end_on_the_tiny_model(tmp_path):

@@ -5,7 +5,7 @@ evaluation hooks and (optionally) a multi-turn transition, named from configs by
 - `writing` (TL;DR): a short and a long summary of the same post; a dual-length reward.
 
 `TASKSETS` maps the built-in taskset names the environments add to (source digest, loader);
-`PREFIXES` maps name prefixes (`mbpp:<file | hf id>`) to a function of the rest returning the same.
+`PREFIXES` maps name prefixes (`mbpp:<file | hf id>`, `coophumaneval:<file | hf id>`) to a function of the rest returning the same.
 """
 
 import hashlib
@@ -17,8 +17,9 @@ from stages.tasks.envs import coding, writing
 TASKSETS = {
     "humaneval": (lambda: {"file_sha256": sha256_file(coding.humaneval_file())}, coding.humaneval_splits),
     "tldr-mini": (lambda: {"posts_sha256": _digest(writing.POSTS)}, writing.tldr_mini_splits),
+    "coophumaneval": (lambda: {"coop_hf": coding.COOP_HUMANEVAL}, lambda: coding.coop_source("")[1]()),
 }
-PREFIXES = {"mbpp:": coding.mbpp_source}
+PREFIXES = {"mbpp:": coding.mbpp_source, "coophumaneval:": coding.coop_source}
 
 
 def _digest(obj) -> str:

