@@ -7,9 +7,11 @@ The keyword contract (as in CoMLRL 1.4.3): a transition is called as
 
 and returns a list/tuple of N prompts, one per agent. The histories run along the branch and
 include the current turn (the prompts actually used and the completions chosen). Only those
-keywords are passed; anything else is bound with `transition.kwargs`. coopflow adds one opt-in
+keywords are passed; anything else is bound with `transition.kwargs`. coopflow adds two opt-in
 keywords: a transition that declares `reward` also receives the joint action's (processed) score, one that
-declares `item` the task item (its fields: e.g. a coding problem's tests).
+declares `item` the task item (its fields: e.g. a coding problem's tests). A transition may also be a
+class: it is constructed once per run with `transition.kwargs` and its instance is called per branch (for
+state such as a loaded expert model, e.g. `stages.tasks.envs.expert:ExpertEdits`).
 
 Built-ins:
 - `plain`:    the original prompt, the previous answers, and an instruction to revise;
@@ -63,6 +65,12 @@ class Transition:
     def __init__(self, name: str, kwargs: dict | None = None):
         fn = BUILTIN_TRANSITIONS.get(name) or load_callable(name, "transition")
         self.name = name
+        if inspect.isclass(fn):  # a stateful transition: built once with the kwargs, its instance called per branch
+            try:
+                fn = fn(**(kwargs or {}))
+            except TypeError as err:
+                raise ValueError(f"transition {name!r}: bad transition.kwargs: {err}") from None
+            kwargs = None
         self.fn = functools.partial(fn, **kwargs) if kwargs else fn
         try:
             params = inspect.signature(fn).parameters
