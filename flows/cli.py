@@ -98,7 +98,7 @@ def _check_model_dirs(cfg) -> None:
     here, before a Prefect server starts."""
     from schemas.config import is_local_model_path, missing_model_dir_message
 
-    from stages.agents.catalog import ModelPackageMissing, entry_for, gguf_path, is_catalog_name
+    from stages.agents.catalog import ModelPackageMissing, entry_for, gguf_files, is_catalog_name
 
     for field, src in cfg.model_sources():
         if is_local_model_path(src) and not Path(src).expanduser().is_dir():
@@ -106,7 +106,7 @@ def _check_model_dirs(cfg) -> None:
             raise SystemExit(2)
         if is_catalog_name(src):
             try:
-                gguf_path(entry_for(src))
+                gguf_files(entry_for(src))
             except ModelPackageMissing as err:
                 print(f"coopflow: {field}: {err}", file=sys.stderr)
                 raise SystemExit(2) from None
@@ -130,13 +130,15 @@ def _models(args) -> int:
                                            "trainer": {"num_turns": 1}}).resolved_data_dir() / "artifacts")
     if args.models_cmd == "list":
         for e in catalog.CATALOG.values():
-            print(f"{e.name}  [{catalog.status(e.name, store)}]  licence: {e.licence}  package: "
-                  f"{e.package}=={e.version}\n    {e.description}\n    install: {e.pip}")
+            pkgs = e.requirements[0] if len(e.requirements) == 1 else \
+                f"{e.requirements[0]} .. {e.requirements[-1]} ({len(e.requirements)} chunk packages)"
+            print(f"{e.name}  [{catalog.status(e.name, store)}]  licence: {e.licence}  package: {pkgs}\n"
+                  f"    {e.description}\n    install: {e.pip}")
         return 0
     try:
         catalog.entry_for(args.name)
         out = catalog.install_to(args.name, Path(args.dir)) if args.dir else catalog.install(args.name, store)
-    except (KeyError, FileNotFoundError, FileExistsError) as err:
+    except (KeyError, FileNotFoundError, FileExistsError, ValueError) as err:
         print(f"coopflow: {err.args[0] if isinstance(err, KeyError) else err}", file=sys.stderr)
         return 2
     print(out)
