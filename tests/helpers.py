@@ -78,3 +78,31 @@ def assert_learns(gains: list[float], min_mean: float, min_improving: int | None
     differ from machine to machine; the mean over seeds is what the tests pin."""
     need = len(gains) if min_improving is None else min_improving
     assert sum(gains) / len(gains) > min_mean and sum(g > 0 for g in gains) >= need, gains
+
+
+# --- loopback HTTP services (stand-ins for model APIs) -------------------------------------------------
+
+
+def send_json(handler, code: int, obj) -> None:
+    """Answer a BaseHTTPRequestHandler request with `obj` as JSON and HTTP `code`."""
+    import json
+
+    data = json.dumps(obj).encode()
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+def loopback_server(handler_cls):
+    """A generator for a pytest fixture: serves `handler_cls` on 127.0.0.1 in a thread, yields its base URL."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler_cls)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()

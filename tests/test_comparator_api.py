@@ -1,13 +1,13 @@
 """The HTTP comparator against a small server this test starts on 127.0.0.1 (no real endpoint)."""
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from stages.rollout.comparator_api import APIComparator
+from tests import helpers
 
 SEEN: list[dict] = []
 
@@ -38,20 +38,12 @@ class Handler(BaseHTTPRequestHandler):
         return self._send(200, {"data": {"items": [{"text": f"g{body['agent_idx']}-{i}"} for i in range(n)]}})
 
     def _send(self, code, obj):
-        data = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        helpers.send_json(self, code, obj)
 
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+    yield from helpers.loopback_server(Handler)
 
 
 def _call(api, n=2):

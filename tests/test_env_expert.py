@@ -1,14 +1,14 @@
 """expert_edits: an external model reviews the team's code; a loopback server stands in for the service."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from schemas.config import load_config
 from stages.tasks.envs.expert import ExpertEdits, parse_edits
 from stages.tasks.transitions import Transition
+from tests import helpers
 
 ITEM = {"prompt": "import math\n\ndef area(r):\n    \"\"\"Area of a circle of radius r.\"\"\"\n", "entry_point": "area",
         "test": "def check(candidate):\n    assert candidate(1) == math.pi\n"}
@@ -27,20 +27,12 @@ class Expert(BaseHTTPRequestHandler):
         text = {"/good": 'Sure. {"x": 1} Here: {"aux": "return r * r", "main": "use math.pi * aux(r)"} Done.',
                 "/garbage": "I think the code is fine, but {not json}.",
                 "/nested": '{"aux": {"edit": "rename"}}'}[self.path]
-        data = json.dumps({"choices": [{"message": {"content": text}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        helpers.send_json(self, 200, {"choices": [{"message": {"content": text}}]})
 
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Expert)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
+    yield from helpers.loopback_server(Expert)
 
 
 def _step(t, helper="def aux(r):\n    return r", main="def area(r):\n    return aux(r)", n=2):
