@@ -12,6 +12,7 @@ sampled paths (eval rows carry `sample` 0..n-1; the metrics are means over items
 evaluation hooks receive each item n times in a row, so an aggregator can report pass@k for k ≤ n.
 """
 
+import inspect
 from collections.abc import Callable
 
 from stages.rollout.generate import SamplingConfig, generate_rollouts
@@ -81,15 +82,22 @@ def hook_metrics(rows: list[dict], items: list[dict], n: int, num_turns: int, lo
                  aggregator: Callable) -> dict[str, float]:
     """eval_logger(agent_completions_turns=[agent][item][turn], test_cases, entry_points, prompts) -> detailed;
     eval_aggregator(detailed, num_turns=H) -> {key: number}, logged as eval/<key> (non-numbers dropped).
-    With several samples per item, each item appears once per sample, consecutively."""
+    With several samples per item, each item appears once per sample, consecutively. A logger that declares
+    an `items` keyword also receives the task items (e.g. a tool-use task's function docs and answers)."""
     text = {(r["agent"], r["item_id"], r.get("sample", 0), r["turn"]): r["completion_text"] for r in rows}
     samples = 1 + max((r.get("sample", 0) for r in rows), default=0)
     paths = [(it, s) for it in items for s in range(samples)]
     turns = sorted({r["turn"] for r in rows})
     completions = [[[text.get((a, it["_item_id"], s, t), "") for t in turns] for it, s in paths] for a in range(n)]
+    extra = {}
+    try:
+        if "items" in inspect.signature(logger).parameters:  # opt-in: the task items themselves
+            extra["items"] = [{k: v for k, v in it.items() if not k.startswith("_")} for it, _ in paths]
+    except (TypeError, ValueError):
+        pass
     detailed = logger(agent_completions_turns=completions, test_cases=[it.get("test") for it, _ in paths],
                       entry_points=[it.get("entry_point") for it, _ in paths],
-                      prompts=[it.get("prompt") for it, _ in paths])
+                      prompts=[it.get("prompt") for it, _ in paths], **extra)
     out = {}
     for k, v in (aggregator(detailed, num_turns=num_turns) or {}).items():
         try:
