@@ -22,6 +22,20 @@ def test_humaneval_splits_are_the_bundled_164_problems(problems):
     assert {"prompt", "test", "entry_point"} <= set(first)
 
 
+@pytest.mark.slow
+def test_every_canonical_solution_scores_full_marks(problems):
+    """All 164 reference solutions pass their counted tests: a docstring line starting with 'from' is not an
+    import (HumanEval/15 ...), and a check whose assertions sit in a loop counts as one test (HumanEval/32)."""
+    allp = problems["train"] + problems["eval"]
+    out = coding.score_joint(allp, [p["prompt"] + p["canonical_solution"] for p in allp], [None] * len(allp))
+    assert [p["task_id"] for p, d in zip(allp, out) if not d["passed_all"]] == []
+
+
+def test_preamble_takes_top_level_imports_only():
+    prompt = 'import math\nfrom typing import List\n\ndef f(x):\n    """Round\n    from two sides.\n    """\n'
+    assert coding._preamble(prompt) == "import math\nfrom typing import List"
+
+
 def test_prompts_give_each_role_its_job(problems):
     item = problems["train"][0]
     assert "`aux`" in coding.helper_prompt(item) and item["prompt"] in coding.helper_prompt(item)

@@ -6,18 +6,19 @@ evaluation hooks and (optionally) a multi-turn transition, named from configs by
 - `arxiv` (writing): two parts of a paper's introduction from its abstract; the gated four-level reward.
 - `tooluse` (BFCL): a planner names the functions to call, an executor writes the calls; AST matching.
 - `math_gsm8k` (GSM8K): a solver answers, a verifier checks by solving another way; exact final number.
+- `completion` (HumanEval pairs, ClassEval-style files): each agent completes its own stubs of one module.
 - `expert` (coding, multi-turn): `ExpertEdits`, an external model's suggested edits as the next prompts.
 
 `TASKSETS` maps the built-in taskset names the environments add to (source digest, loader);
 `PREFIXES` maps name prefixes (`mbpp:`, `coophumaneval:`, `arxiv:`, `gsm8k:` + a file or HF id;
-`bfcl:` + categories) to a function of the rest returning the same.
+`classeval:` + a file; `bfcl:` + categories) to a function of the rest returning the same.
 """
 
 import hashlib
 import json
 
 from artifacts import sha256_file
-from stages.tasks.envs import arxiv, coding, math_gsm8k, tooluse, writing
+from stages.tasks.envs import arxiv, coding, completion, math_gsm8k, tooluse, writing
 
 TASKSETS = {
     "humaneval": (lambda: {"file_sha256": sha256_file(coding.humaneval_file())}, coding.humaneval_splits),
@@ -25,10 +26,13 @@ TASKSETS = {
     "arxiv-mini": (lambda: {"abstracts_sha256": _digest(arxiv.ABSTRACTS)}, arxiv.arxiv_mini_splits),
     "bfcl": (lambda: tooluse.bfcl_source("")[0], lambda: tooluse.bfcl_source("")[1]()),
     "gsm8k": (lambda: {"file_sha256": sha256_file(math_gsm8k.gsm8k_file())}, math_gsm8k.gsm8k_splits),
+    "completion-humaneval": (lambda: {"file_sha256": sha256_file(coding.humaneval_file()), "pairs": 1},
+                             completion.humaneval_pairs_splits),
     "coophumaneval": (lambda: {"coop_hf": coding.COOP_HUMANEVAL}, lambda: coding.coop_source("")[1]()),
 }
 PREFIXES = {"mbpp:": coding.mbpp_source, "coophumaneval:": coding.coop_source, "arxiv:": arxiv.arxiv_source,
-            "bfcl:": tooluse.bfcl_source, "gsm8k:": math_gsm8k.gsm8k_source}
+            "bfcl:": tooluse.bfcl_source, "gsm8k:": math_gsm8k.gsm8k_source,
+            "classeval:": completion.classeval_source}
 
 
 def _digest(obj) -> str:

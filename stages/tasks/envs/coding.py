@@ -189,16 +189,25 @@ def extract_code(completion: str) -> str:
 
 
 def _preamble(prompt: str) -> str:
-    """The import lines of a problem's prompt (the code may use what the signature's module imports)."""
-    return "\n".join(line for line in prompt.splitlines() if re.match(r"\s*(import|from)\s+\w", line))
+    """The top-level import statements of a problem's prompt (the code may use what the signature's module
+    imports); never a docstring line that happens to start with 'from' or 'import'."""
+    try:
+        tree = ast.parse(prompt)
+    except SyntaxError:  # not a whole module: unindented import lines only
+        return "\n".join(line for line in prompt.splitlines() if re.match(r"(import|from)\s+\w", line))
+    return "\n".join(ast.get_source_segment(prompt, n) or ast.unparse(n) for n in tree.body
+                     if isinstance(n, (ast.Import, ast.ImportFrom)))
 
 
-def counted_test(test: str, entry_point: str) -> str:
-    """The test with every assertion of `check` counted on its own; prints `{"passed": p, "total": t}`."""
+def counted_check(test: str, name: str = "check") -> tuple[str, int]:
+    """(source, assertions): the test with every top-level assertion of its `check` counted on its own into
+    `_tally` / `_failed` (defined by the caller), the function renamed to `name`; a check whose assertions
+    all sit inside loops or branches counts as one test."""
     tree = ast.parse(test)
     total = 0
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == "check":
+            node.name = name
             body = []
             for stmt in node.body:
                 if isinstance(stmt, ast.Assert):
@@ -210,11 +219,27 @@ def counted_test(test: str, entry_point: str) -> str:
                                         orelse=[], finalbody=[]))
                 else:
                     body.append(stmt)
+            if not any(isinstance(st, ast.Assert) for st in node.body):  # asserts only inside loops etc.:
+                total += 1                                            # the whole check is one test
+                failed = ast.parse(f"_failed.append({name!r})").body[0]
+                body = [ast.Try(body=node.body + [ast.parse("_tally[0] += 1").body[0]],
+                                handlers=[ast.ExceptHandler(type=ast.Name("Exception", ast.Load()), name=None,
+                                                            body=[failed])], orelse=[], finalbody=[])]
             node.body = body
     ast.fix_missing_locations(tree)
-    return (f"_tally, _failed = [0], []\n{ast.unparse(tree)}\ntry:\n    check({entry_point})\nfinally:\n"
-            f"    import json as _json\n    print('COOPFLOW_TESTS ' + _json.dumps({{'passed': _tally[0], "
-            f"'total': {total}, 'failed': _failed[:3]}}))\n")
+    return ast.unparse(tree), total
+
+
+def tally_footer(calls: str, total: int) -> str:
+    """Run `calls` (the checks) and print `COOPFLOW_TESTS {"passed", "total", "failed"}` whatever happens."""
+    return (f"try:\n    {calls}\nfinally:\n    import json as _json\n    print('COOPFLOW_TESTS ' + _json.dumps("
+            f"{{'passed': _tally[0], 'total': {total}, 'failed': _failed[:3]}}))\n")
+
+
+def counted_test(test: str, entry_point: str) -> str:
+    """The test with every assertion of `check` counted on its own; prints `{"passed": p, "total": t}`."""
+    src, total = counted_check(test)
+    return f"_tally, _failed = [0], []\n{src}\n" + tally_footer(f"check({entry_point})", total)
 
 
 def build_program(item: dict, main: str, helper: str | None = None) -> str:
