@@ -43,6 +43,16 @@ def turn_tagged_reward(prompts, c1, c2):
     return [1.0 if "Previous answers" in prompts[0] else 0.25]
 
 
+HISTORY_SEEN: list[tuple] = []  # (turn, history, completions) per call of history_reward
+
+
+def history_reward(c1, c2, *, batch_items):
+    """Records the `_turn` and `_history` a multi-turn node's item carries; the reward is the turn index."""
+    item = batch_items[0]
+    HISTORY_SEEN.append((item.get("_turn"), item.get("_history"), (c1[0], c2[0])))
+    return [float(item.get("_turn", -1))]
+
+
 def char_length_metrics(samples):
     """A metrics_callback: mean completion length in characters (the reference's tldr example)."""
     return {"response_char_length_mean": sum(len(s["completion_text"]) for s in samples) / len(samples),

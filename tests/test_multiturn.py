@@ -159,6 +159,25 @@ def test_multi_turn_eval_follows_one_path_and_sums_rewards(policies):
                                "eval/turn_2/reward_mean": 1.0, "eval/turn_2/expected_return": 1.0})
 
 
+def test_rewards_see_the_turn_and_the_branch_history(policies):
+    """A multi-turn node's item carries `_turn` and `_history` (each agent's answers along the branch), so a
+    stateful environment can replay a branch; training trees and evaluation alike."""
+    helpers.HISTORY_SEEN.clear()
+    rows, scores, _ = _tree(policies, turns=2, k=2, reward="tests.helpers:history_reward")
+    assert sorted({s["turn"]: s["reward"] for s in scores}.items()) == [(0, 0.0), (1, 1.0)]
+    first = {(r["node_id"], r["agent"], r["sample"]): r["completion_text"] for r in rows if r["turn"] == 0}
+    for turn, history, _ in helpers.HISTORY_SEEN:
+        assert (turn == 0 and history == [[], []]) or (turn == 1 and len(history[0]) == 1)
+    parents = {tuple(h[0] for h in history) for turn, history, _ in helpers.HISTORY_SEEN if turn == 1}
+    assert parents <= {(first[(n, 0, s0)], first[(n, 1, s1)]) for (n, _, s0) in first for s1 in (0, 1)}
+    assert len(parents) == 4  # 2 items x K=2 joint actions, each child sees its own parent's answers
+    helpers.HISTORY_SEEN.clear()
+    ep = Episode(2, "aligned", Transition("plain"), None, False, 1.0)
+    evaluate(policies, ITEMS, [lambda it: it["prompt"]] * 2, SamplingConfig(2, 6, 1.0, 1.0, None),
+             RewardCaller(resolve_reward("tests.helpers:history_reward"), 2), resolve_processor(None), 0, ep)
+    assert [(t, len(h[0])) for t, h, _ in helpers.HISTORY_SEEN] == [(0, 0), (0, 0), (1, 1), (1, 1)]
+
+
 def test_eval_with_several_samples_per_item_follows_each_path(policies):
     """samples=3: every (item, sample) is its own sampled path through both turns, the metrics are means over
     items x samples, and the hooks get each item 3 times in a row."""

@@ -46,8 +46,9 @@ def evaluate(policies: PolicyGroup, items: list[dict], formatters: list[Callable
     rows: list[dict] = []
     for turn in range(episode.num_turns):
         rollouts = generate_rollouts(policies, prompts, ids, one, seed=seed, step=-1, turn=turn)
-        scores = (score_nodes(rollouts, by_id, caller, processor, 0) if episode.reward_per_node
-                  else score_rewards(rollouts, by_id, caller, processor, "aligned", 0))
+        node_items = {p: ni for p, it in enumerate(paths) if (ni := episode.node_item(it, turn, rh[p])) is not None}
+        scores = (score_nodes(rollouts, by_id, caller, processor, 0, node_items) if episode.reward_per_node
+                  else score_rewards(rollouts, by_id, caller, processor, "aligned", 0, node_items))
         reward = {s["node_id"]: s["reward"] for s in scores}
         rows += [{"item_id": r["item_id"], "sample": r["node_id"] % samples, "turn": turn, "agent": r["agent"],
                   "prompt": r["prompt"], "completion_text": r["completion_text"], "reward": reward[r["node_id"]],

@@ -39,11 +39,20 @@ class Episode:
     discount: float = 1.0
     reward_per_node: bool = False  # actor-critic: one reward call per node with K-lists (score_nodes)
 
-    def score(self, rows: list[dict], items: dict[int, dict], caller: RewardCaller, processor, env: int) -> list[dict]:
-        """Score the nodes of `rows` (MAGRPO: per joint action; actor-critic: per node, expanded)."""
+    def score(self, rows: list[dict], items: dict[int, dict], caller: RewardCaller, processor, env: int,
+              node_items: dict[int, dict] | None = None) -> list[dict]:
+        """Score the nodes of `rows` (MAGRPO: per joint action; actor-critic: per node, expanded); `node_items`
+        (node id -> item) overrides the item of a node, e.g. with its turn and branch history."""
         if self.reward_per_node:
-            return score_nodes(rows, items, caller, processor, env)
-        return score_rewards(rows, items, caller, processor, self.joint_mode, env)
+            return score_nodes(rows, items, caller, processor, env, node_items)
+        return score_rewards(rows, items, caller, processor, self.joint_mode, env, node_items)
+
+    def node_item(self, item: dict, turn: int, response_history: list[list[str]]) -> dict | None:
+        """A multi-turn node's item as the reward sees it: the task item plus `_turn` (0-based) and `_history`
+        (per agent, the answers of the earlier turns along the branch); None for single-turn episodes."""
+        if self.num_turns == 1:
+            return None
+        return {**item, "_turn": turn, "_history": [list(h) for h in response_history]}
 
     def prompt_for(self, formatter: Callable[[dict], str], item: dict, external: str) -> str:
         """An agent's prompt at a later turn: the transition's prompt, through the formatter unless passthrough."""
@@ -87,7 +96,9 @@ def generate_tree(policies: PolicyGroup, items: list[dict], formatters: list[Cal
         rows = generate_rollouts(policies, [[nd.prompts[a] for nd in frontier] for a in range(n)],
                                  [nd.item["_item_id"] for nd in frontier], sampling, seed, step, turn,
                                  [nd.node_id for nd in frontier], [nd.parent for nd in frontier])
-        scores = episode.score(rows, by_id, caller, processor, env)
+        node_items = {nd.node_id: episode.node_item(nd.item, turn, nd.response_history) for nd in frontier}
+        scores = episode.score(rows, by_id, caller, processor, env,
+                               {k: v for k, v in node_items.items() if v is not None})
         env = scores[-1]["env_step"] if scores else env
         rows_out += rows
         scores_out += scores

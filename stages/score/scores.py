@@ -30,7 +30,8 @@ def joint_combos(k: int, n: int, joint_mode: str) -> list[tuple[int, ...]]:
 
 
 def score_rewards(rollouts: list[dict], items: dict[int, dict], caller: RewardCaller,
-                  processor: Callable[[float], float], joint_mode: str, env_step_base: int) -> list[dict]:
+                  processor: Callable[[float], float], joint_mode: str, env_step_base: int,
+                  node_items: dict[int, dict] | None = None) -> list[dict]:
     """Score rows (schema `scores`) for all nodes in `rollouts`, in node order."""
     texts: dict[tuple, dict[tuple[int, int], str]] = defaultdict(dict)
     meta: dict[tuple, tuple[int, str | None]] = {}
@@ -45,7 +46,7 @@ def score_rewards(rollouts: list[dict], items: dict[int, dict], caller: RewardCa
     for node in sorted(texts):
         step, turn, node_id = node
         item_id, prompt = meta[node]
-        item = items[item_id]
+        item = (node_items or {}).get(node_id) or items[item_id]
         prompt = item.get("prompt", "") if prompt is None else prompt
         k = 1 + max(s for (_, s) in texts[node])
         for j, combo in enumerate(joint_combos(k, n, joint_mode)):
@@ -65,7 +66,7 @@ def score_rewards(rollouts: list[dict], items: dict[int, dict], caller: RewardCa
 
 
 def score_nodes(rollouts: list[dict], items: dict[int, dict], caller: RewardCaller,
-                processor: Callable[[float], float], env_step_base: int) -> list[dict]:
+                processor: Callable[[float], float], env_step_base: int, node_items: dict[int, dict] | None = None) -> list[dict]:
     """Actor-critic scoring: one reward call per node with each agent's K completions (and the agents'
     prompts), as the reference's IAC/MAAC do; the 1 / K / N values are expanded to per-agent rewards
     (`ac_targets.expand_rewards`). One score row per sample index j: agent_rewards[a] is agent a's
@@ -83,7 +84,7 @@ def score_nodes(rollouts: list[dict], items: dict[int, dict], caller: RewardCall
     n, out, env_step = caller.n, [], env_step_base
     for node in sorted(texts):
         step, turn, node_id = node
-        item = items[item_of[node]]
+        item = (node_items or {}).get(node_id) or items[item_of[node]]
         k = 1 + max(s for (_, s) in texts[node])
         per_agent = [[texts[node][(a, j)] for j in range(k)] for a in range(n)]
         raw = caller(per_agent, [prompts[node][a] for a in range(n)], [item])

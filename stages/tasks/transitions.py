@@ -13,6 +13,10 @@ declares `item` the task item (its fields: e.g. a coding problem's tests). A tra
 class: it is constructed once per run with `transition.kwargs` and its instance is called per branch (for
 state such as a loaded expert model, e.g. `stages.tasks.envs.expert:ExpertEdits`).
 
+Rewards of multi-turn episodes see, in their `batch_items`, the task item plus `_turn` (0-based) and
+`_history` (per agent, the answers of the earlier turns along the branch), so a stateful environment (a
+simulator) can replay each branch from its start instead of sharing state between branches.
+
 Built-ins:
 - `plain`:    the original prompt, the previous answers, and an instruction to revise;
 - `feedback`: the same plus the team's score and each answer's length in characters, so each agent
