@@ -5,6 +5,7 @@ evaluation hooks and (optionally) a multi-turn transition, named from configs by
 - `writing` (TL;DR): a short and a long summary of the same post; a dual-length reward.
 - `arxiv` (writing): two parts of a paper's introduction from its abstract; the gated four-level reward.
 - `tooluse` (BFCL): a planner names the functions to call, an executor writes the calls; AST matching.
+- `travel` (BFCL multi-turn): planner + executor call a travel-booking simulator turn by turn.
 - `math_gsm8k` (GSM8K): a solver answers, a verifier checks by solving another way; exact final number.
 - `completion` (HumanEval pairs, ClassEval-style files): each agent completes its own stubs of one module.
 - `expert` (coding, multi-turn): `ExpertEdits`, an external model's suggested edits as the next prompts.
@@ -18,7 +19,7 @@ import hashlib
 import json
 
 from artifacts import sha256_file
-from stages.tasks.envs import arxiv, coding, completion, math_gsm8k, tooluse, writing
+from stages.tasks.envs import arxiv, coding, completion, math_gsm8k, tooluse, travel, writing
 
 TASKSETS = {
     "humaneval": (lambda: {"file_sha256": sha256_file(coding.humaneval_file())}, coding.humaneval_splits),
@@ -28,6 +29,7 @@ TASKSETS = {
     "gsm8k": (lambda: {"file_sha256": sha256_file(math_gsm8k.gsm8k_file())}, math_gsm8k.gsm8k_splits),
     "completion-humaneval": (lambda: {"file_sha256": sha256_file(coding.humaneval_file()), "pairs": 1},
                              completion.humaneval_pairs_splits),
+    "travel-bfcl": (travel.travel_digest, travel.travel_splits),
     "coophumaneval": (lambda: {"coop_hf": coding.COOP_HUMANEVAL}, lambda: coding.coop_source("")[1]()),
 }
 PREFIXES = {"mbpp:": coding.mbpp_source, "coophumaneval:": coding.coop_source, "arxiv:": arxiv.arxiv_source,
