@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from stages.common.sandbox import run_many
-from stages.tasks.envs import coding
+import stages.tasks.envs.coding as coding
 
 
 # --- data -----------------------------------------------------------------------------------------

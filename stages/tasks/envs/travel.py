@@ -28,7 +28,7 @@ Data: `taskset.name: travel-bfcl` (26 tasks: every 5th to eval); needs `pip inst
 import copy
 import json
 
-from stages.tasks.envs import tooluse
+import stages.tasks.envs.tooluse as tooluse
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_param")
 DONE = "All requests are done. Make no further calls."
