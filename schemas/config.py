@@ -32,6 +32,16 @@ ALGORITHM_ADVANTAGE = {"magrpo": "mean", "mareinforce": "raw", "marloo": "rloo",
 
 JOINT_MODE_ALIASES = {"aligned": "aligned", "align": "aligned", "cross": "cross", "crossed": "cross"}
 
+COLLABORATION_ALIASES = {"decentralized": "decentralized", "decentralised": "decentralized",
+                         "multi_agent": "decentralized", "multi-agent": "decentralized",
+                         "centralized": "centralized", "centralised": "centralized", "single_agent": "centralized",
+                         "single-agent": "centralized"}
+"""collaboration_mode spellings the reference accepts, mapped to the two modes."""
+
+GENERATION_ALIASES = {**COLLABORATION_ALIASES, "centralized_sequential": "centralized_sequential",
+                      "centralised_sequential": "centralized_sequential", "sequential": "centralized_sequential"}
+"""comparator_generation_mode spellings, mapped to decentralized | centralized | centralized_sequential."""
+
 
 def is_local_model_path(src: str) -> bool:
     """A model source that can only be a local directory ('./x', '/x', '~/x', 'a/b/c'; not 'tiny' or 'org/name')."""
@@ -298,6 +308,10 @@ class MAGRPOConfig(_TrainerBase):
         True, description="The reference's exact loss: each completion padded to its node's longest with pad tokens, "
                           "pads scored, each padded row's last token not (CoMLRL 1.4.3); false: every completion "
                           "token up to EOS is scored and pads never are.")
+    collaboration_mode: str = Field(
+        "decentralized", description="decentralized: one policy per agent | centralized: one joint actor writes "
+                                     "every role's output in one completion, split by the run's centralized_adapter "
+                                     "(single turn; aliases centralised, single_agent, decentralised, multi_agent).")
 
     @field_validator("joint_mode")
     @classmethod
@@ -306,6 +320,14 @@ class MAGRPOConfig(_TrainerBase):
         if key not in JOINT_MODE_ALIASES:
             raise ValueError(f"joint_mode must be one of aligned, align, cross, crossed; got {v!r}")
         return JOINT_MODE_ALIASES[key]
+
+    @field_validator("collaboration_mode")
+    @classmethod
+    def _collab(cls, v: str) -> str:
+        key = str(v).lower()
+        if key not in COLLABORATION_ALIASES:
+            raise ValueError(f"collaboration_mode must be decentralized or centralized (or an alias); got {v!r}")
+        return COLLABORATION_ALIASES[key]
 
     @field_validator("advantage_mode")
     @classmethod
@@ -444,6 +466,13 @@ class RunConfig(_Strict):
     metrics_callback: str | None = Field(
         None, description="'module:function' called after every update with that update's samples (dicts: item_id, "
                           "turn, agent, sample, prompt, completion_text, reward) -> {name: float}, logged unprefixed.")
+    centralized_adapter: str | None = Field(
+        None, description="trainer.collaboration_mode centralized (and centralized comparators): import path of the "
+                          "adapter, a class (built with centralized_adapter_kwargs) or an object with "
+                          "build_prompt(item, agent_prompts) and parse_completion(completion, item, num_agents); "
+                          "null = the tagged adapter (<agent_i>...</agent_i> sections).")
+    centralized_adapter_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments the centralized_adapter class is built with.")
 
     @model_validator(mode="after")
     def _post(self) -> "RunConfig":
@@ -459,7 +488,24 @@ class RunConfig(_Strict):
                              "to plain, feedback or 'module:function' (or trainer.num_turns: 1 for single-turn)")
         if isinstance(self.formatters, list) and len(self.formatters) != self.agents.n:
             raise ValueError(f"formatters has {len(self.formatters)} entries but there are {self.agents.n} agents")
+        if self.centralized:
+            if t.num_turns != 1:
+                raise ValueError(f"trainer.collaboration_mode centralized is single-turn: trainer.num_turns must be 1, "
+                                 f"got {t.num_turns}")
+            if self.agents.agents and len(set(self.agents.agents)) > 1:
+                raise ValueError("trainer.collaboration_mode centralized trains exactly one actor: give it as "
+                                 "agents.agent_model (agents.num_agents counts the roles it writes)")
         return self
+
+    @property
+    def centralized(self) -> bool:
+        """One joint actor writes all N role outputs (trainer.collaboration_mode centralized)."""
+        return getattr(self.trainer, "collaboration_mode", "decentralized") == "centralized"
+
+    def actor_sources(self) -> list[str]:
+        """One model source per trained policy: N agents, or the one joint actor of centralized collaboration."""
+        src = self.agents.sources()
+        return src[:1] if self.centralized else src
 
     @property
     def advantage_mode(self) -> str:
@@ -567,8 +613,6 @@ class MADPOConfig(MAGRPOConfig):
                                le=1)
     early_termination_threshold: float | None = _override(MAGRPOConfig, "early_termination_threshold", None,
                                                           "Unused (single turn).")
-    collaboration_mode: str = Field("decentralized", description="decentralized: one policy per agent (the "
-                                                                  "centralized joint actor is not supported here).")
     preference_num_candidates: int = Field(80, ge=2, description="P joint candidates sampled per item (aligned).")
     preference_pairs_per_sample: int | None = Field(16, ge=1, description="Pairs kept per item (null = all; must be "
                                                                           "null with pair_selection 'all').")
@@ -582,8 +626,6 @@ class MADPOConfig(MAGRPOConfig):
     def _post_pref(self) -> "MADPOConfig":
         if self.joint_mode != "aligned":
             raise ValueError("preference learning supports joint_mode 'aligned' only")
-        if self.collaboration_mode != "decentralized":
-            raise ValueError(f"collaboration_mode {self.collaboration_mode!r} is not supported; use 'decentralized'")
         if self.pair_selection == "all" and self.preference_pairs_per_sample is not None:
             raise ValueError("pair_selection 'all' requires preference_pairs_per_sample: null")
         return self

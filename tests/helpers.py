@@ -116,3 +116,38 @@ def loopback_server(handler_cls):
         yield f"http://127.0.0.1:{srv.server_address[1]}"
     finally:
         srv.shutdown()
+
+
+class FixedSplitAdapter:
+    """A centralized adapter for the tiny model: the role prompts joined with ' | '; role i of the joint completion
+    is its characters [12 i, 12 (i + 1)), the last role the rest; an empty completion is a parse error. With
+    length_ratio the joint actor must learn a total length of 36-48 characters."""
+
+    def build_prompt(self, batch_item, agent_prompts):
+        return " | ".join(agent_prompts)
+
+    def parse_completion(self, completion, batch_item, num_agents):
+        from stages.tasks.centralized import CentralizedComparatorParseError
+
+        if not completion:
+            raise CentralizedComparatorParseError("empty joint completion")
+        return [completion[12 * i:12 * (i + 1)] for i in range(num_agents - 1)] + [completion[12 * (num_agents - 1):]]
+
+
+ROLE_SPLITS_SEEN: list = []
+
+
+def recording_eval_logger(agent_completions_turns, test_cases, entry_points, prompts):
+    """An eval_logger that records what it is given; one row per path."""
+    ROLE_SPLITS_SEEN.append(agent_completions_turns)
+    return [{"n_agents": len(agent_completions_turns)} for _ in prompts]
+
+
+def recording_eval_aggregator(detailed, num_turns):
+    """Aggregates recording_eval_logger's rows: how many agents the logger saw."""
+    return {"turn_1/agents_seen": float(detailed[0]["n_agents"])}
+
+
+def last_two_length_ratio(*completions):
+    """length_ratio of the last two agents' answers, for any N >= 2 (a varargs reward)."""
+    return length_ratio(completions[-2], completions[-1])

@@ -29,7 +29,8 @@ from stages.rollout.generate import SamplingConfig
 from stages.rollout.tree import Episode
 from stages.score.rewards import RewardCaller, resolve_processor, resolve_reward, reward_identity
 from stages.score.scores import joint_combos
-from stages.tasks.formatters import build_formatter
+from stages.tasks.centralized import CentralizedReward, JointFormatter, RoleSplitLogger, adapter_identity, load_adapter
+from stages.tasks.formatters import build_formatter, chat_wrapper
 from stages.tasks.taskset import load_items
 from stages.tasks.transitions import Transition, transition_identity
 
@@ -65,10 +66,24 @@ class RunContext:
     critic_paths: list[str] | None = None  # actor-critic: resolved critic sources (IAC separate: one per agent)
     transition_id: dict | None = None
     eval_hooks: tuple | None = None  # (eval_logger, eval_aggregator) from the config's import paths
+    adapter: object | None = None  # centralized collaboration: the adapter between roles and the joint actor
 
     @property
     def n(self) -> int:
+        """Trained policies: the N agents, or the one joint actor of centralized collaboration."""
+        return 1 if self.adapter is not None else self.cfg.agents.n
+
+    @property
+    def roles(self) -> int:
+        """Roles of the task (= agents when decentralized)."""
         return self.cfg.agents.n
+
+    def formatter_ids(self) -> list:
+        """What the prompts depend on, for keys: every role's formatter (+ the adapter when centralized)."""
+        fmt = [self.cfg.formatter_for(i).model_dump() for i in range(self.roles)]
+        if self.adapter is not None:
+            fmt.append({"centralized": self.task_reward.identity.get("centralized")})
+        return fmt
 
     # the training reward's parts, as the stages take them
     @property
@@ -121,7 +136,7 @@ class RunContext:
 
 def resolve_sources(cfg: RunConfig, store: ArtifactStore) -> tuple[list[str], dict]:
     """Agent sources as loadable paths/ids, and their identity for keys ('tiny' is built into the store)."""
-    paths, ident = resolve_model_sources(cfg.agents.sources(), cfg, store, "agents")
+    paths, ident = resolve_model_sources(cfg.actor_sources(), cfg, store, "agents")
     return paths, {"sources": ident, "dtype": cfg.agents.dtype}
 
 
@@ -164,12 +179,19 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
     if sources is None:
         sources, source_ident = resolve_sources(cfg, store)
     t = cfg.trainer
-    n = cfg.agents.n
+    n = len(cfg.actor_sources())
     train = load_items(store, taskset, "train")
     evals = load_items(store, taskset, "eval")
-    task = Reward(RewardCaller(resolve_reward(cfg.reward.name, cfg.reward.kwargs), n),
+    task = Reward(RewardCaller(resolve_reward(cfg.reward.name, cfg.reward.kwargs), cfg.agents.n),
                   resolve_processor(cfg.reward.processor),
                   reward_identity(cfg.reward.name, cfg.reward.kwargs, cfg.reward.processor))
+    adapter = None
+    if cfg.centralized:  # the joint actor's reward splits its completion into the roles the task reward scores
+        adapter = load_adapter(cfg.centralized_adapter, cfg.centralized_adapter_kwargs)
+        role0 = build_formatter(cfg.formatter_for(0).model_copy(update={"chat_template": False}))
+        task = Reward(RewardCaller(CentralizedReward(task.caller, adapter, role0), 1), task.processor,
+                      {**task.identity, "centralized": adapter_identity(cfg.centralized_adapter,
+                                                                        cfg.centralized_adapter_kwargs)})
     reward = (Reward(RewardCaller(reward_override[0], n), resolve_processor(None), reward_override[1])
               if reward_override else task)
     ac = is_actor_critic(cfg)
@@ -190,13 +212,15 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
         from stages.common.user_code import load_callable
 
         hooks = (load_callable(cfg.eval_logger, "eval_logger"), load_callable(cfg.eval_aggregator, "eval_aggregator"))
+        if adapter is not None:  # the user's logger sees the N role outputs, as in a decentralized run
+            hooks = (RoleSplitLogger(hooks[0], adapter, cfg.agents.n), hooks[1])
     # the plan: updates and segments need the tree shape, which the context's helpers compute
     ctx = RunContext(cfg=cfg, store=store, taskset=taskset, train_items=train, eval_items=evals, sources=sources,
                      reward=reward, task_reward=task, sampling=SamplingConfig.of(cfg, t.num_generations),
                      episode=episode, plan=RunPlan(key_for("policy", init), (), (), budget.Budget(0, 0, 0, 0, 0, 0)),
                      session=session or Session(), critic_paths=critic_paths,
                      transition_id=transition_identity(cfg.transition.name, cfg.transition.kwargs) if multi else None,
-                     eval_hooks=hooks)
+                     eval_hooks=hooks, adapter=adapter)
     # MAGRPO's rollout_buffer_size counts tree nodes per agent; the actor-critic trainers count samples per agent.
     units = ctx.nodes_per_item() * (t.num_generations if ac else 1)
     updates = plan_updates(len(train), t.num_train_epochs, t.rollout_buffer_size, ctx.joint_actions_per_item(), units)
@@ -224,4 +248,10 @@ def processed_range(fn, declared: tuple | None, processor) -> tuple[float, float
 def formatters_for(ctx: RunContext, policies) -> list:
     """Per-agent formatter functions (chat templates need the loaded tokenizers)."""
     toks = policies.tokenizers if policies else [None] * ctx.n
+    if ctx.adapter is not None:  # one joint prompt from the role prompts, in the actor's chat template if asked
+        cfg = ctx.cfg
+        roles = [build_formatter(cfg.formatter_for(i).model_copy(update={"chat_template": False}))
+                 for i in range(ctx.roles)]
+        f0 = cfg.formatter_for(0)
+        return [JointFormatter(ctx.adapter, roles, chat_wrapper(f0, toks[0]) if f0.chat_template else None)]
     return [build_formatter(ctx.cfg.formatter_for(i), toks[i]) for i in range(ctx.n)]

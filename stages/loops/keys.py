@@ -42,7 +42,7 @@ def update_keys(ctx: "RunContext", policy_key: str, u: Update) -> UpdateKeys:
     """The chained artifact keys of one update (see the module docstring)."""
     cfg, t = ctx.cfg, ctx.cfg.trainer
     items = [ctx.train_items[i] for i in u.item_ids]
-    fmt = [cfg.formatter_for(i).model_dump() for i in range(ctx.n)]
+    fmt = ctx.formatter_ids()
     spec = {"policy": policy_key, "items": items_digest(items), "sampling": ctx.sampling.__dict__,
             "formatters": fmt, "seed": cfg.seed, "update": u.index, "v": STAGE_VERSION,
             "reference_kl": t.reference_kl_enabled}
@@ -66,7 +66,7 @@ def update_keys(ctx: "RunContext", policy_key: str, u: Update) -> UpdateKeys:
         adv["discount"] = t.discount
     ak = key_for("advantages", adv)
     spec = {"prev": policy_key, "advantages": ak, "lr": t.agent_learning_rate, "batch": t.batch_size, "seed": cfg.seed}
-    if t.loss_on_padding:  # the reference's exact loss (pads scored, each row's last token not)
+    if t.loss_on_padding and ctx.adapter is None:  # the reference's exact loss (pads scored, each row's last token not)
         spec["loss"] = "comlrl-1.4.3"
     return UpdateKeys(rk, ak, key_for("policy", spec))
 
@@ -75,7 +75,7 @@ def eval_key(ctx: "RunContext", ckpt_key: str) -> str:
     """Key of the final evaluation artifact of a checkpoint."""
     t = ctx.cfg.trainer
     items = ctx.eval_items_used()
-    fmt = [ctx.cfg.formatter_for(i).model_dump() for i in range(ctx.n)]
+    fmt = ctx.formatter_ids()
     spec = {"checkpoint": ckpt_key, "items": items_digest(items), "sampling": ctx.sampling.__dict__,
             "reward": ctx.eval_reward()[2], "formatters": fmt, "seed": ctx.cfg.seed}
     if t.eval_samples_per_item > 1:

@@ -32,6 +32,7 @@ from stages.loops.plan import Update, is_actor_critic
 from stages.loops.keys import UpdateKeys, scores_key, update_keys
 from stages.rollout.tree import generate_tree
 from stages.score.advantages import compute_advantages, joint_returns, tree_children
+from stages.tasks.centralized import parse_failures
 from stages.update.policy_gradient import update_policies
 
 
@@ -236,6 +237,10 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
             step_fn = _actor_critic_update if is_actor_critic(cfg) else _baseline_update
             aref, per_turn, um = step_fn(ctx, pol, rows, scores, keys, u, timing, t0)
             per_turn.update(domain_metrics(ctx, rows, scores))
+            if ctx.adapter is not None:  # joint completions the adapter could not split (their roles were all "")
+                bad = parse_failures(ctx.adapter, [r["completion_text"] for r in rows],
+                                     [by_id[r["item_id"]] for r in rows], ctx.roles)
+                per_turn["centralized/parse_failure_rate"] = bad / len(rows)
             policy_key = keys.policy_after
             # --- metrics (the reference's names, per turn, gated by logging_steps)
             means = node_means(scores)
@@ -302,7 +307,8 @@ def _baseline_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict],
         adv = ctx.store.read_rows(aref)
     timing["score_s"] += time.perf_counter() - t0
     t1 = time.perf_counter()
-    um = update_policies(pol, rows, adv, t.batch_size, cfg.seed, u.index, t.loss_on_padding)
+    # centralized: the joint sequence log-prob (every joint token up to and including EOS), never the padded loss
+    um = update_policies(pol, rows, adv, t.batch_size, cfg.seed, u.index, t.loss_on_padding and ctx.adapter is None)
     ctx.session.calls["update"] += 1
     timing["update_s"] += time.perf_counter() - t1
     per_turn = turn_metrics(scores, rows, joint_returns(scores, children, t.discount),

@@ -30,12 +30,22 @@ def build_formatter(cfg: FormatterConfig, tokenizer=None) -> Callable[[dict], st
 
     if not cfg.chat_template:
         return base
+    wrap = chat_wrapper(cfg, tokenizer)
+
+    def chat(item: dict) -> str:
+        return wrap(base(item))
+
+    return chat
+
+
+def chat_wrapper(cfg: FormatterConfig, tokenizer) -> Callable[[str], str]:
+    """text -> the tokenizer's chat template around it as a user turn (with cfg's system prompt)."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError("formatter chat_template: true, but the agent's tokenizer has no chat template")
 
-    def chat(item: dict) -> str:
+    def wrap(text: str) -> str:
         msgs = ([{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else [])
-        msgs.append({"role": "user", "content": base(item)})
+        msgs.append({"role": "user", "content": text})
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
 
-    return chat
+    return wrap
