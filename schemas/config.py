@@ -663,6 +663,10 @@ class MARLHFConfig(_IACFields, _CriticFields, MADPOConfig):
     def _post_rlhf(self) -> "MARLHFConfig":
         if self.rl_algorithm not in ("maac", "iac") and self.num_generations < 2:
             raise ValueError(f"num_generations must be >= 2 for rl_algorithm {self.rl_algorithm!r}")
+        if self.collaboration_mode == "centralized" and self.rl_algorithm in ("maac", "iac"):
+            raise ValueError(f"collaboration_mode centralized trains its joint actor with the MAGRPO family here: "
+                             f"rl_algorithm {self.rl_algorithm!r} is not supported with it (use magrpo, mareinforce, "
+                             "marloo or maremax)")
         return self
 
 
@@ -741,6 +745,14 @@ class MADPOIterConfig(MADPOConfig):
     comparator_policy: str = Field("current", description="current (independent RNG stream) | current_copy (a "
                                                           "frozen copy, on comparator_devices) | history (the "
                                                           "checkpoint k rounds back) | model (frozen models) | api.")
+    comparator_generation_mode: str = Field(
+        "decentralized", description="decentralized: one comparator model per agent | centralized: a coordinator "
+                                     "(comparator agent comparator_centralized_agent_index) writes every role in one "
+                                     "completion through the centralized_adapter | centralized_sequential: roles "
+                                     "written in order, each seeing the earlier roles (N >= 2; beyond CoMLRL 1.4.3). "
+                                     "Forced to centralized under collaboration_mode centralized.")
+    comparator_centralized_agent_index: int = Field(0, ge=0, description="Which comparator agent coordinates in "
+                                                                         "centralized generation (< num_agents).")
     comparator_model_name: str | None = Field(None, description="model comparator: one source for all agents.")
     comparator_agents: list[str] | None = Field(None, description="model comparator: one source per agent.")
     comparator_num_candidates: int | None = Field(None, ge=1, description="P_c comparator candidates (null = P).")
@@ -774,8 +786,30 @@ class MADPOIterConfig(MADPOConfig):
                              f"alias); got {v!r}")
         return COMPARATOR_ALIASES[key]
 
+    @field_validator("comparator_generation_mode")
+    @classmethod
+    def _generation(cls, v: str) -> str:
+        key = str(v).lower()
+        if key not in GENERATION_ALIASES:
+            raise ValueError(f"comparator_generation_mode must be decentralized, centralized or centralized_sequential "
+                             f"(or an alias); got {v!r}")
+        return GENERATION_ALIASES[key]
+
     @model_validator(mode="after")
     def _post_iter(self) -> "MADPOIterConfig":
+        if self.collaboration_mode == "centralized":
+            if self.comparator_centralized_agent_index != 0:
+                raise ValueError("collaboration_mode centralized has one actor: comparator_centralized_agent_index "
+                                 "must be 0")
+            if self.comparator_generation_mode == "centralized_sequential":
+                raise ValueError("collaboration_mode centralized compares joint completions: "
+                                 "comparator_generation_mode centralized_sequential is for decentralized agents")
+            self.comparator_generation_mode = "centralized"
+        elif self.num_agents is not None and self.comparator_centralized_agent_index >= self.num_agents:
+            raise ValueError(f"comparator_centralized_agent_index {self.comparator_centralized_agent_index} must be "
+                             f"below num_agents {self.num_agents}")
+        if self.comparator_generation_mode == "centralized_sequential" and (self.num_agents or 2) < 2:
+            raise ValueError("comparator_generation_mode centralized_sequential needs num_agents >= 2")
         check_replay(self.preference_replay_mode, self.preference_replay_k, self.preference_replay_lambda,
                      self.preference_replay_sample_size)
         has_model = self.comparator_model_name is not None or self.comparator_agents is not None

@@ -105,3 +105,34 @@ class Policies:
 
     def close(self) -> None:
         """Release resources (nothing to do in-process)."""
+
+
+def _only(agent, go: bool, op: Callable, *args):
+    """Run `op` on this agent when `go`, else nothing (lets a group run an op on one of its agents)."""
+    return op(agent, *args) if go else None
+
+
+@dataclass
+class OneAgent:
+    """Agent `index` of a policy group, seen as a group of one (e.g. a centralized comparator that writes every
+    role with one of the comparator's models); works in-process and with worker processes."""
+
+    group: object
+    index: int
+    state: dict = field(default_factory=dict)
+    critic: "CriticState | None" = None
+
+    @property
+    def n(self) -> int:
+        return 1
+
+    @property
+    def tokenizers(self) -> list:
+        return [self.group.tokenizers[self.index]]
+
+    def run(self, op: Callable, per_agent_args: list[tuple]) -> list:
+        args = [(i == self.index, op, *per_agent_args[0]) for i in range(self.group.n)]
+        return [self.group.run(_only, args)[self.index]]
+
+    def close(self) -> None:
+        """The group owns the agent: nothing to release here."""

@@ -253,5 +253,6 @@ def formatters_for(ctx: RunContext, policies) -> list:
         roles = [build_formatter(cfg.formatter_for(i).model_copy(update={"chat_template": False}))
                  for i in range(ctx.roles)]
         f0 = cfg.formatter_for(0)
-        return [JointFormatter(ctx.adapter, roles, chat_wrapper(f0, toks[0]) if f0.chat_template else None)]
+        wrap = chat_wrapper(f0, toks[0]) if f0.chat_template and toks[0] is not None else None
+        return [JointFormatter(ctx.adapter, roles, wrap)]
     return [build_formatter(ctx.cfg.formatter_for(i), toks[i]) for i in range(ctx.n)]

@@ -56,7 +56,7 @@ def preference_budget(ctx: RunContext) -> budget_mod.Budget:
 
 
 def candidates_key(ctx: RunContext) -> str:
-    fmt = [ctx.cfg.formatter_for(i).model_dump() for i in range(ctx.n)]
+    fmt = ctx.formatter_ids()
     return key_for("rollouts", {"candidates": ctx.plan.start_key, "items": items_digest(ctx.train_items),
                                 "sampling": candidate_sampling(ctx.cfg).__dict__, "formatters": fmt,
                                 "seed": ctx.cfg.seed, "v": STAGE_VERSION})
@@ -243,13 +243,12 @@ def rl_config(cfg: RunConfig) -> RunConfig:
 def load_rm_reward(ctx: RunContext, rm_ref: ArtifactRef):
     """The frozen reward model of `rm_ref` as a reward function over the agents' joint answers."""
     from stages.fit.reward_model import RewardModelReward, load_reward_model
-    from stages.tasks.formatters import build_formatter
 
     cfg, t = ctx.cfg, ctx.cfg.trainer
     rm = load_reward_model(ctx.store.open_dir(rm_ref), cfg.agents.dtype, t.reward_model_device or cfg.agents.device,
                            t.reward_freeze_backbone, t.reward_max_length)
     rm.requires_grad_(False)
-    return RewardModelReward(rm, [build_formatter(cfg.formatter_for(i)) for i in range(ctx.n)])
+    return RewardModelReward(rm, formatters_for(ctx, None))  # centralized: the joint prompt (no chat template)
 
 
 def rl_context(ctx: RunContext, rm_ref: ArtifactRef, sources: list[str] | None = None,

@@ -48,7 +48,7 @@ STAGE_VERSION = "1"
 def round_keys(ctx: RunContext) -> list[str]:
     """Checkpoint key of every round 1..num_iterations (computable before anything runs)."""
     t, out, prev = ctx.cfg.trainer, [], ctx.plan.start_key
-    fmt = [ctx.cfg.formatter_for(i).model_dump() for i in range(ctx.n)]
+    fmt = ctx.formatter_ids()
     settings = t.model_dump(exclude={"num_iterations", "eval_interval", "eval_num_samples", "logging_steps",
                                      "comparator_api_key", "comparator_api_timeout", "comparator_api_retries"})
     for r in range(1, t.num_iterations + 1):
@@ -105,13 +105,8 @@ def _comparator(ctx: RunContext, r: int, keys: list[str], target):
 
 def api_rows(ctx: RunContext, prompts: list[list[str]], n: int) -> list[dict]:
     """Comparator candidates from the HTTP comparator, as rollout-like rows (texts only)."""
-    from stages.rollout.comparator_api import APIComparator
-
+    api = _api(ctx)
     t = ctx.cfg.trainer
-    api = APIComparator(t.comparator_api_url, t.comparator_api_format, t.comparator_api_model, t.comparator_api_timeout,
-                        t.comparator_api_headers or {}, t.comparator_api_key, t.comparator_api_key_env,
-                        t.comparator_api_key_header, t.comparator_api_key_prefix, t.comparator_api_extra_body or {},
-                        t.comparator_api_response_field, t.comparator_api_max_n_per_request, t.comparator_api_retries)
     rows = []
     for j, item in enumerate(ctx.train_items):
         for a in range(ctx.n):
@@ -121,6 +116,41 @@ def api_rows(ctx: RunContext, prompts: list[list[str]], n: int) -> list[dict]:
                              "prompt": prompts[a][j], "prompt_ids": [], "completion_ids": [], "completion_text": text,
                              "length": 0, "finished": True, "ref_kl": 0.0, "parent_node": -1, "parent_joint": -1})
     return rows
+
+
+def _api(ctx: RunContext):
+    """The run's HTTP comparator client."""
+    from stages.rollout.comparator_api import APIComparator
+
+    t = ctx.cfg.trainer
+    return APIComparator(t.comparator_api_url, t.comparator_api_format, t.comparator_api_model, t.comparator_api_timeout,
+                        t.comparator_api_headers or {}, t.comparator_api_key, t.comparator_api_key_env,
+                        t.comparator_api_key_header, t.comparator_api_key_prefix, t.comparator_api_extra_body or {},
+                        t.comparator_api_response_field, t.comparator_api_max_n_per_request, t.comparator_api_retries)
+
+
+def coordinated_rows(ctx: RunContext, comp, n: int, seed: int) -> list[dict]:
+    """Comparator rows written by a centralized coordinator (comparator_generation_mode centralized or
+    centralized_sequential, decentralized agents): comparator agent comparator_centralized_agent_index, or the
+    API comparator, writes every role."""
+    from stages.rollout.coordinator import coordinator_rows
+    from stages.tasks.centralized import load_adapter
+    from stages.tasks.formatters import build_formatter, chat_wrapper
+
+    cfg, t = ctx.cfg, ctx.cfg.trainer
+    idx = t.comparator_centralized_agent_index
+    adapter = load_adapter(cfg.centralized_adapter, cfg.centralized_adapter_kwargs)
+    roles = [build_formatter(cfg.formatter_for(i).model_copy(update={"chat_template": False})) for i in range(ctx.n)]
+    f0 = cfg.formatter_for(0)
+    wrap = chat_wrapper(f0, comp.tokenizers[idx]) if f0.chat_template and comp is not None else None
+    api = None
+    if comp is None:
+        client = _api(ctx)
+
+        def api(prompt: str, k: int, item: dict) -> list[str]:
+            return client.complete(prompt, k, idx, t.max_new_tokens, t.temperature, t.top_p, t.top_k, item)
+    return coordinator_rows(ctx.train_items, roles, adapter, t.comparator_generation_mode, n, _sampling(ctx, n), seed,
+                            comp, idx, wrap, api)
 
 
 def _reward_lists(scores: list[dict]) -> dict[int, list[float]]:
@@ -188,12 +218,18 @@ def run_round(ctx: RunContext, r: int, show_progress: bool = False) -> dict:
     try:
         # --- generate -> compare
         target_rows = generate_rollouts(pol, prompts, ids, _sampling(ctx, P), derive_seed(cfg.seed, "target", r), 0)
+        Pc, cseed = t.comparator_num_candidates or P, derive_seed(cfg.seed, "comparator", r)  # an independent stream
+        # a coordinator writes every role (decentralized agents; a centralized run's comparator is its one model)
+        coordinated = ctx.adapter is None and t.comparator_generation_mode != "decentralized"
         if t.comparator_policy == "api":
-            comp_rows, same = api_rows(ctx, prompts, t.comparator_num_candidates or P), False
+            comp_rows = coordinated_rows(ctx, None, Pc, cseed) if coordinated else api_rows(ctx, prompts, Pc)
+            same = False
         else:
             comp, same = _comparator(ctx, r, keys, pol)
-            comp_rows = generate_rollouts(comp, prompts, ids, _sampling(ctx, t.comparator_num_candidates or P),
-                                          derive_seed(cfg.seed, "comparator", r), 0)  # an independent RNG stream
+            if coordinated:
+                comp_rows, same = coordinated_rows(ctx, comp, Pc, cseed), False
+            else:
+                comp_rows = generate_rollouts(comp, prompts, ids, _sampling(ctx, Pc), cseed, 0)
             if comp is not pol:
                 comp.close()
         ctx.session.calls["generate"] += 2
