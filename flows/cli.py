@@ -20,7 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-FLOW_NAMES = ("train-magrpo", "train-mareinforce", "train-marloo", "train-maremax", "train-iac", "train-maac", "train-madpo",
+FLOW_NAMES = ("train-magrpo", "train-magrpo-centralized", "train-mareinforce", "train-marloo", "train-maremax", "train-iac", "train-maac", "train-madpo",
               "train-marlhf", "train-madpo-iter", "train-marlhf-iter")
 ITERATIVE = ("train-madpo-iter", "train-marlhf-iter")
 
@@ -258,8 +258,13 @@ def _boot_ephemeral_server():
     return ready
 
 
+FORCED = {"train-magrpo-centralized": ("magrpo", ["trainer.collaboration_mode=centralized"])}
+"""Flows that are another flow's algorithm with fixed overrides."""
+
+
 def _run(args) -> int:
-    algorithm = args.flow.removeprefix("train-")
+    algorithm, forced = FORCED.get(args.flow, (args.flow.removeprefix("train-"), []))
+    args.overrides = [*(args.overrides or []), *forced] if forced else args.overrides
     cfg = _load(args, algorithm)  # fails fast, before Prefect or any model loads
     _check_model_dirs(cfg)
     from flows.env import configure

@@ -408,6 +408,22 @@ train_iac = _training_flow("iac", "IAC: independent actor-critic (a critic per a
 train_maac = _training_flow("maac", "MAAC: one centralized critic over the joint history.")
 
 
+@flow(name="train-magrpo-centralized", flow_run_name=_run_name, log_prints=True)
+def train_magrpo_centralized(config: dict | None = None, config_path: str | None = None,
+                             overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
+                             refresh: list[str] | None = None, rescore_from: str | None = None,
+                             show_progress: bool = False, continue_run: str | None = None) -> dict:
+    """Centralized MAGRPO: one joint actor writes every role's output (train-magrpo with collaboration_mode
+    centralized)."""
+    forced = {"trainer.collaboration_mode": "centralized"}
+    if isinstance(overrides, list):
+        overrides = [*overrides, "trainer.collaboration_mode=centralized"]
+    else:
+        overrides = {**(overrides or {}), **forced}
+    return run_training("magrpo", config, config_path, overrides, stages, refresh, rescore_from, show_progress,
+                        continue_run)
+
+
 @flow(name="train-madpo", flow_run_name=_run_name, log_prints=True)
 def train_madpo(config: dict | None = None, config_path: str | None = None,
                 overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
@@ -529,7 +545,8 @@ def train_marlhf_iter(config: dict | None = None, config_path: str | None = None
     return run_iterative("marlhf-iter", config, config_path, overrides, max_new_rounds, show_progress)
 
 
-FLOWS = {"train-magrpo": train_magrpo, "train-mareinforce": train_mareinforce,
+FLOWS = {"train-magrpo": train_magrpo, "train-magrpo-centralized": train_magrpo_centralized,
+         "train-mareinforce": train_mareinforce,
          "train-marloo": train_marloo, "train-maremax": train_maremax, "train-iac": train_iac,
          "train-maac": train_maac, "train-madpo": train_madpo, "train-marlhf": train_marlhf,
          "train-madpo-iter": train_madpo_iter, "train-marlhf-iter": train_marlhf_iter}

@@ -76,7 +76,7 @@ def test_cli_tiny_model_builds_a_loadable_model(tmp_path):
 
 
 def test_cli_lists_flows_and_config_reference():
-    assert _cli("flows").stdout.split() == ["train-magrpo", "train-mareinforce", "train-marloo", "train-maremax",
+    assert _cli("flows").stdout.split() == ["train-magrpo", "train-magrpo-centralized", "train-mareinforce", "train-marloo", "train-maremax",
                                             "train-iac", "train-maac", "train-madpo", "train-marlhf",
                                             "train-madpo-iter", "train-marlhf-iter"]
     assert "`trainer.num_generations`" in _cli("config-reference").stdout
@@ -97,7 +97,7 @@ def test_every_shipped_config_validates_for_its_flow():
             "marlhf-iter-story": "marlhf-iter", "magrpo-humaneval": "magrpo", "magrpo-tldr": "magrpo",
             "magrpo-arxiv": "magrpo", "magrpo-bfcl": "magrpo",
             "magrpo-gsm8k": "magrpo", "magrpo-completion": "magrpo",
-            "magrpo-travel": "magrpo"}
+            "magrpo-travel": "magrpo", "magrpo-centralized-tldr": "magrpo"}
     shipped = sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))
     assert set(shipped) <= set(algo), f"add the new config to this test: {set(shipped) - set(algo)}"
     for name in shipped:

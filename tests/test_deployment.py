@@ -104,6 +104,10 @@ def test_deployment_run_completes(tmp_path, prefect_harness):
                               "eval_interval": 0, "eval_num_samples": 2}
             runs[_trigger(f"train-{algo}/local", {"config": cfg})] = algo
             checks.append(lambda data=data, f=critic_file: _one_checkpoint_with(data, f))
+        data = tmp_path / "data-centralized"  # centralized MAGRPO: one joint actor, agent_0 only in its checkpoint
+        runs[_trigger("train-magrpo-centralized/local", {"config": small_config(data)})] = "magrpo-centralized"
+        checks.append(lambda data=data: _one_checkpoint_with(data, "agent_0/config.json")
+                      and not any((data / "artifacts" / "checkpoint").glob("*/agent_1")))
         for algo in ("madpo", "marlhf"):  # the preference deployments
             data = tmp_path / f"data-{algo}"
             cfg = small_config(data)

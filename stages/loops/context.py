@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from artifacts import ArtifactRef, ArtifactStore, key_for
-from schemas.config import RunConfig, is_local_model_path, missing_model_dir_message
+from schemas.config import FormatterConfig, RunConfig, is_local_model_path, missing_model_dir_message
 from stages.agents.catalog import install, is_catalog_name
 from stages.agents.models import build_tiny_model
 from stages.loops import budget
@@ -30,7 +30,7 @@ from stages.rollout.tree import Episode
 from stages.score.rewards import RewardCaller, resolve_processor, resolve_reward, reward_identity
 from stages.score.scores import joint_combos
 from stages.tasks.centralized import CentralizedReward, JointFormatter, RoleSplitLogger, adapter_identity, load_adapter
-from stages.tasks.formatters import build_formatter, chat_wrapper
+from stages.tasks.formatters import build_formatter, chat_wrapper, role_formatter
 from stages.tasks.taskset import load_items
 from stages.tasks.transitions import Transition, transition_identity
 
@@ -188,7 +188,7 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
     adapter = None
     if cfg.centralized:  # the joint actor's reward splits its completion into the roles the task reward scores
         adapter = load_adapter(cfg.centralized_adapter, cfg.centralized_adapter_kwargs)
-        role0 = build_formatter(cfg.formatter_for(0).model_copy(update={"chat_template": False}))
+        role0 = role_formatter(cfg.formatter_for(0))
         task = Reward(RewardCaller(CentralizedReward(task.caller, adapter, role0), 1), task.processor,
                       {**task.identity, "centralized": adapter_identity(cfg.centralized_adapter,
                                                                         cfg.centralized_adapter_kwargs)})
@@ -250,9 +250,8 @@ def formatters_for(ctx: RunContext, policies) -> list:
     toks = policies.tokenizers if policies else [None] * ctx.n
     if ctx.adapter is not None:  # one joint prompt from the role prompts, in the actor's chat template if asked
         cfg = ctx.cfg
-        roles = [build_formatter(cfg.formatter_for(i).model_copy(update={"chat_template": False}))
-                 for i in range(ctx.roles)]
-        f0 = cfg.formatter_for(0)
-        wrap = chat_wrapper(f0, toks[0]) if f0.chat_template and toks[0] is not None else None
+        roles = [role_formatter(cfg.formatter_for(i)) for i in range(ctx.roles)]
+        chat = cfg.formatter_for(0).chat_template and toks[0] is not None
+        wrap = chat_wrapper(FormatterConfig(chat_template=True), toks[0]) if chat else None
         return [JointFormatter(ctx.adapter, roles, wrap)]
     return [build_formatter(ctx.cfg.formatter_for(i), toks[i]) for i in range(ctx.n)]

@@ -135,14 +135,15 @@ def coordinated_rows(ctx: RunContext, comp, n: int, seed: int) -> list[dict]:
     API comparator, writes every role."""
     from stages.rollout.coordinator import coordinator_rows
     from stages.tasks.centralized import load_adapter
-    from stages.tasks.formatters import build_formatter, chat_wrapper
+    from schemas.config import FormatterConfig
+    from stages.tasks.formatters import chat_wrapper, role_formatter
 
     cfg, t = ctx.cfg, ctx.cfg.trainer
     idx = t.comparator_centralized_agent_index
     adapter = load_adapter(cfg.centralized_adapter, cfg.centralized_adapter_kwargs)
-    roles = [build_formatter(cfg.formatter_for(i).model_copy(update={"chat_template": False})) for i in range(ctx.n)]
-    f0 = cfg.formatter_for(0)
-    wrap = chat_wrapper(f0, comp.tokenizers[idx]) if f0.chat_template and comp is not None else None
+    roles = [role_formatter(cfg.formatter_for(i)) for i in range(ctx.n)]
+    chat = cfg.formatter_for(0).chat_template and comp is not None
+    wrap = chat_wrapper(FormatterConfig(chat_template=True), comp.tokenizers[idx]) if chat else None
     api = None
     if comp is None:
         client = _api(ctx)

@@ -32,7 +32,7 @@ from stages.loops.plan import Update, is_actor_critic
 from stages.loops.keys import UpdateKeys, scores_key, update_keys
 from stages.rollout.tree import generate_tree
 from stages.score.advantages import compute_advantages, joint_returns, tree_children
-from stages.tasks.centralized import parse_failures
+from stages.tasks.centralized import parse_failures, split_roles
 from stages.update.policy_gradient import update_policies
 
 
@@ -151,12 +151,19 @@ def domain_metrics(ctx: RunContext, rows: list[dict], scores: list[dict]) -> dic
         return {}
     fn = load_callable(ctx.cfg.metrics_callback, "metrics_callback")
     joint = {(s["step"], s["turn"], s["node_id"], s["joint_idx"]): s for s in scores}
+    items = {it["_item_id"]: it for it in ctx.train_items}
     samples = []
     for r in rows:
         s = joint.get((r["step"], r["turn"], r["node_id"], r["sample"]))
         reward = (s["agent_rewards"][r["agent"]] if s and s["agent_rewards"] else s["reward"] if s else None)
-        samples.append({k: r[k] for k in ("item_id", "turn", "agent", "sample", "prompt", "completion_text")}
-                       | {"reward": reward})
+        sample = {k: r[k] for k in ("item_id", "turn", "agent", "sample", "prompt", "completion_text")}
+        sample["reward"] = reward
+        if ctx.adapter is None:
+            samples.append(sample)
+            continue
+        # centralized: one sample per role of the joint completion, as a decentralized run would give
+        roles, _ = split_roles(ctx.adapter, r["completion_text"], items[r["item_id"]], ctx.roles)
+        samples += [{**sample, "agent": i, "completion_text": text} for i, text in enumerate(roles)]
     out = fn(samples)
     if not isinstance(out, dict):
         raise TypeError(f"metrics_callback {ctx.cfg.metrics_callback!r} must return a dict of floats, got "

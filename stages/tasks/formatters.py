@@ -49,3 +49,12 @@ def chat_wrapper(cfg: FormatterConfig, tokenizer) -> Callable[[str], str]:
         return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
 
     return wrap
+
+
+def role_formatter(cfg: FormatterConfig) -> Callable[[dict], str]:
+    """A role's prompt as plain text for a centralized adapter: the system prompt (if any) above the prompt;
+    the chat template, if asked for, goes around the joint prompt instead."""
+    base = build_formatter(cfg.model_copy(update={"chat_template": False}))
+    if not cfg.system_prompt:
+        return base
+    return lambda item: f"{cfg.system_prompt}\n\n{base(item)}"
