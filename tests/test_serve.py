@@ -8,7 +8,7 @@ def test_deployments_names_schedules_and_defaults():
 
     deps = deployments("nightly", cron="0 3 * * *", config_path="/abs/configs/magrpo-story.yaml")
     assert sorted(d.name for d in deps) == ["nightly"] * 11
-    assert {d.flow_name for d in deps} == {"train-magrpo", "train-mareinforce", "train-marloo", "train-maremax",
+    assert {d.flow_name for d in deps} == {"train-magrpo", "train-magrpo-centralized", "train-mareinforce", "train-marloo", "train-maremax",
                                                  "train-iac", "train-maac", "train-madpo", "train-marlhf",
                                                  "train-madpo-iter", "train-marlhf-iter"}
     for d in deps:
