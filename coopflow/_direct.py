@@ -7,7 +7,8 @@ ITERATIVE = ("madpo-iter", "marlhf-iter")
 PREFERENCE = ("madpo", "marlhf")
 
 
-def run_tracked(cfg: RunConfig, tags: list[str] | dict | None = None, show_progress: bool = True) -> dict:
+def run_tracked(cfg: RunConfig, tags: list[str] | dict | None = None, show_progress: bool = True,
+                session=None) -> dict:
     """Train with the algorithm's stages; one MLflow run (params, metrics by env_step, eval); returns a summary."""
     from flows.train import _public
     from flows.tracking import tracker_for
@@ -23,7 +24,7 @@ def run_tracked(cfg: RunConfig, tags: list[str] | dict | None = None, show_progr
     run_id = tracker.start(tr.run_name or f"{cfg.algorithm}-python-api", run_tags, _public(cfg))
     ok = False
     try:
-        out = _run(cfg, store, show_progress)
+        out = _run(cfg, store, show_progress, session)
         for ref in out.pop("_metrics_refs", []):
             tracker.log_metrics(store.read_rows(ref), flush=False)
         step = out.get("env_steps") or 0
@@ -39,30 +40,34 @@ def run_tracked(cfg: RunConfig, tags: list[str] | dict | None = None, show_progr
         tracker.finish(ok)
 
 
-def _run(cfg: RunConfig, store: ArtifactStore, show_progress: bool) -> dict:
+def _run(cfg: RunConfig, store: ArtifactStore, show_progress: bool, session=None) -> dict:
+    """The algorithm's stages in this process; `session` may carry live agents to start from (trained in place)."""
     if cfg.algorithm in ITERATIVE:
         from stages.loops import rounds as I
         from stages.loops.context import make_context
         from stages.tasks.taskset import build_taskset
 
-        ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
+        from stages.agents.checkpoint import CheckpointLayout
+
+        ctx = make_context(cfg, store, build_taskset(cfg.taskset, store), session=session)
         try:
             rounds = I.run_rounds(ctx, show_progress=show_progress)
         finally:
             ctx.session.close()
         last = rounds[-1]
         ev = I.round_eval(store, last["metrics"])
-        return {"algorithm": cfg.algorithm, "completed_rounds": len(rounds), "checkpoint":
-                str(store.open_dir(last["checkpoint"])), "eval": ev, "env_steps": len(rounds),
+        ckpt = store.open_dir(last["checkpoint"])
+        return {"algorithm": cfg.algorithm, "completed_rounds": len(rounds), "checkpoint": str(ckpt), "eval": ev,
+                "env_steps": CheckpointLayout(ckpt).trainer_state().get("env_step", 0),
                 "executed": ctx.session.executed(), "_metrics_refs": [r["metrics"] for r in rounds]}
     if cfg.algorithm in PREFERENCE:
         from stages.loops.preference import run_preference_direct
 
-        out = run_preference_direct(cfg, store)
+        out = run_preference_direct(cfg, store, session)
         out.pop("metrics", None)
         return {"algorithm": cfg.algorithm, **out}
     from stages.loops.run import run_direct
 
     refs: list = []
-    out = run_direct(cfg, store, show_progress, metrics_refs=refs)
+    out = run_direct(cfg, store, show_progress, metrics_refs=refs, session=session)
     return {"algorithm": cfg.algorithm, **out, "_metrics_refs": refs}

@@ -61,6 +61,12 @@ def _weights_sha(model) -> str:
     return h.hexdigest()[:16]
 
 
+def _tagged():
+    from coopflow.trainers.preference.centralized import TaggedCentralizedComparatorAdapter
+
+    return TaggedCentralizedComparatorAdapter()
+
+
 class FacadeTrainer:
     """Shared constructor, train, evaluate and save for every trainer class (composition, not a hierarchy).
 
@@ -69,22 +75,38 @@ class FacadeTrainer:
     algorithm = "magrpo"
     config_class: type = None  # set by each public trainer class
 
-    def __init__(self, agent_model: str | Any = None, agents: list | None = None, num_agents: int = 2,
+    def __init__(self, agent_model: str | Any = None, agents: list | None = None, num_agents: int | None = None,
                  tokenizer=None, model_config: dict | None = None, train_dataset=None, eval_dataset=None,
                  dataset_type: str | None = None, reward_func=None, reward_processor=None, formatters=None,
                  external_transition=None, wandb_config: dict | None = None, eval_logger=None, eval_aggregator=None,
                  metrics_callback=None, args=None, critic_model: str | Any = None, critics: list | None = None,
-                 data_dir: str | None = None, seed: int = 0):
+                 data_dir: str | None = None, seed: int = 0, centralized_adapter=None,
+                 centralized_comparator_adapter=None):
         from flows.env import configure
         from stages.score.rewards import BUILTIN_REWARDS
 
         configure(data_dir)  # embedded defaults (Prefect home, MLflow DB) under the data dir, before Prefect loads
-        # --- the reference's argument checks, in its order and with its phrases
-        if reward_func is None or not callable(reward_func):
-            raise ValueError("reward_func must be a callable that scores the agents' joint completions")
         self.args = args if args is not None else self.config_class()
         if not isinstance(self.args, self.config_class):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(self.args).__name__}")
+        # num_agents: the argument, else args.num_agents when set explicitly, else 2 (the reference's default)
+        args_n = self.args.num_agents if "num_agents" in self.args.model_fields_set else None
+        self.centralized = getattr(self.args, "collaboration_mode", "decentralized") == "centralized"
+        adapter = centralized_adapter if centralized_adapter is not None else centralized_comparator_adapter
+        if self.centralized:  # one joint actor writes the N roles (num_agents counts the roles)
+            actors = list(agents) if agents is not None else ([agent_model] if agent_model is not None else [])
+            if len(actors) != 1:
+                raise ValueError(f"centralized collaboration trains exactly one actor (the joint policy); got "
+                                 f"{len(actors)} agent models")
+            roles = num_agents if num_agents is not None else (args_n or 2)
+            if args_n is not None and roles != args_n:
+                raise ValueError(f"conflict: args.num_agents={args_n} roles but num_agents={roles}")
+            agents, agent_model = (actors, None) if agents is not None else (None, agent_model)
+            num_agents = 1
+            args_n = None
+        # --- the reference's argument checks, in its order and with its phrases
+        if reward_func is None or not callable(reward_func):
+            raise ValueError("reward_func must be a callable that scores the agents' joint completions")
         if agent_model is None and not agents:
             raise ValueError("Either agent_model or agents must be provided")
         if agents is not None and agent_model is not None:
@@ -94,9 +116,13 @@ class FacadeTrainer:
         if agents is None and not isinstance(agent_model, str) and num_agents > 1:
             raise ValueError("agent_model should be a string to create homogeneous agents (a pretrained identifier "
                              "string or directory); pass model objects as agents=[...]")
+        if num_agents is None:
+            num_agents = args_n or 2
         n = len(agents) if agents is not None and agent_model is None else num_agents
-        if self.args.num_agents is not None and self.args.num_agents != n:
-            raise ValueError(f"conflict: args.num_agents={self.args.num_agents} but {n} agents were given")
+        if args_n is not None and args_n != n:
+            raise ValueError(f"conflict: args.num_agents={args_n} but {n} agents were given")
+        roles = roles if self.centralized else n
+        self._check_critic_flag(critic_model, critics)
         objects = agents is not None and any(_is_model(a) for a in agents)
         toks = tokenizer if isinstance(tokenizer, (list, tuple)) else None
         if toks is not None and len(toks) != n:
@@ -106,15 +132,28 @@ class FacadeTrainer:
         if getattr(self.args, "num_turns", 1) > 1 and external_transition is None:
             raise ValueError("num_turns > 1 requires an external_transition(prompt=..., agent_completions=..., "
                              "num_agents=..., prompt_history_per_agent=..., response_history_per_agent=...)")
-        if formatters is not None and isinstance(formatters, (list, tuple)) and len(formatters) != n:
-            raise ValueError(f"formatters length {len(formatters)} does not match num_agents {n}")
+        self._check_critics(critic_model, critics, n)
+        if formatters is not None and isinstance(formatters, (list, tuple)) and len(formatters) != roles:
+            raise ValueError(f"formatters length {len(formatters)} does not match num_agents {roles}")
         rdev = getattr(self.args, "reference_devices", None)
         if isinstance(rdev, (list, tuple)) and len(rdev) not in (1, n):
-            raise ValueError(f"reference_devices length {len(rdev)} must be 1 or num_agents ({n})")
-        self._check_critics(critic_model, critics, n)
+            raise ValueError(f"reference_devices length ({len(rdev)}) must be 1 or {n}.")
+        if adapter is not None:
+            from stages.tasks.centralized import check_adapter
+
+            check_adapter(adapter, type(adapter).__name__)
 
         # --- what the run config will reference
-        self.num_agents = n
+        self.num_agents = n  # trained policies (1 under centralized collaboration)
+        self.num_roles = roles
+        self.centralized_adapter = adapter
+        if self.centralized:  # the reward as the joint actor sees it: split into roles, scored by the task reward
+            from coopflow.trainers.preference.collaboration import CentralizedCollaboration
+
+            self.centralized_adapter = adapter if adapter is not None else _tagged()
+            reward_func = CentralizedCollaboration(self.centralized_adapter, formatters, reward_func, roles)
+        self._centralized_eval_items: list = []
+        self.verbose, self.env_step = True, 0
         self.model_config = dict(model_config or {})
         self.train_dataset, self.eval_dataset, self.dataset_type = train_dataset, eval_dataset, dataset_type
         self.reward_func, self.reward_processor = reward_func, reward_processor
@@ -122,7 +161,8 @@ class FacadeTrainer:
         self.wandb_config, self.metrics_callback = dict(wandb_config or {}), metrics_callback
         self.eval_logger, self.eval_aggregator = eval_logger, eval_aggregator
         self.data_dir, self.seed = data_dir, seed
-        self._reward_name = callable_ref(reward_func, BUILTIN_REWARDS)
+        task = reward_func.reward_func if self.centralized else reward_func
+        self._reward_name = callable_ref(task, BUILTIN_REWARDS)
         self._critic_src = critic_model
         self._critics_src = critics
         self._last: dict | None = None
@@ -145,11 +185,8 @@ class FacadeTrainer:
                 self._sources.append(None)  # snapshotted to a directory at train time
             else:
                 src = str(a)
-                model, tok = load_agent(self._load_source(src), dtype, self._attn())
-                if toks is not None:
-                    tok = toks[i]
-                elif tokenizer is not None:
-                    tok = tokenizer
+                given = toks[i] if toks is not None else tokenizer
+                model, tok = load_agent(self._load_source(src), dtype, self._attn(), tokenizer=given)
                 self.agents.append(model)
                 self.tokenizers.append(tok)
                 self._sources.append(src)
@@ -162,8 +199,16 @@ class FacadeTrainer:
                 ref.requires_grad_(False)
                 self.reference_models.append(ref)
         self.critics, self.critic_optimizers = self._load_critics(n, dtype)
+        from coopflow.utils.model_loading import infer_model_name
+
+        self.model_name = infer_model_name(agent_model if agent_model is not None else items[0])
+        self.agent_devices = [next(m.parameters()).device for m in self.agents]
+        self.device = self.agent_devices[0]
 
     # --- critics (IAC / MAAC override) --------------------------------------------------------------
+
+    def _check_critic_flag(self, critic_model, critics) -> None:
+        """Critic sources the trainer's critic setting rules out (checked first, as the reference does)."""
 
     def _check_critics(self, critic_model, critics, n: int) -> None:
         if critic_model is not None or critics:
@@ -254,7 +299,7 @@ class FacadeTrainer:
         root = self._data_root()
         srcs = [s if s is not None else self._snapshot(m, t, root)
                 for s, m, t in zip(self._sources, self.agents, self.tokenizers)]
-        agents: dict = {"num_agents": self.num_agents, "dtype": self._dtype(), "attn_implementation": self._attn()}
+        agents: dict = {"num_agents": self.num_roles, "dtype": self._dtype(), "attn_implementation": self._attn()}
         if len(set(srcs)) == 1:
             agents["agent_model"] = srcs[0]
         else:
@@ -264,8 +309,12 @@ class FacadeTrainer:
             tracking["run_name"] = self.wandb_config["name"]
         data: dict = {"algorithm": self.algorithm, "agents": agents, "taskset": self._taskset(root),
                       "reward": {"name": self._reward_name, "processor": self._processor_spec()},
-                      "trainer": self.args.model_dump(), "seed": self.seed, "data_dir": str(root),
-                      "tracking": tracking}
+                      "trainer": {**self.args.model_dump(), "num_agents": self.num_roles}, "seed": self.seed,
+                      "data_dir": str(root), "tracking": tracking}
+        if self.centralized_adapter is not None:
+            from stages.common.user_code import register_object
+
+            data["centralized_adapter"] = register_object(self.centralized_adapter)
         rr = getattr(self.reward_func, "reward_range", None)
         if rr is not None:
             data["reward"]["reward_range"] = list(rr)
@@ -305,10 +354,36 @@ class FacadeTrainer:
         else:
             from coopflow._direct import run_tracked
 
-            out = run_tracked(cfg, self.wandb_config.get("tags"), show_progress)
+            out = run_tracked(cfg, self.wandb_config.get("tags"), show_progress, self._live_session(cfg))
         self._last = out
         self._load_trained(Path(out["checkpoint"]))
+        self.env_step = int(out.get("env_steps") or 0)
         return out
+
+    def _live_session(self, cfg: RunConfig):
+        """A run session that starts from this trainer's own agents (trained in place, as in the reference, and
+        generating with their own `generate`), when they can run in this process: not under mp workers, and not
+        for the actor-critic runs (their critics and heads load from the store)."""
+        from stages.agents.state import AgentState, Policies
+        from stages.loops.plan import is_actor_critic
+        from stages.loops.session import Session
+
+        t = cfg.trainer
+        self._prepare_tokenizers()
+        if t.parallel_training == "mp" or is_actor_critic(cfg) or getattr(t, "rl_algorithm", None) in ("iac", "maac"):
+            return None
+        refs = self.reference_models if t.reference_kl_enabled and self.reference_models else [None] * self.num_agents
+        agents = [AgentState(m, tok, t.agent_learning_rate, optimizer=opt, reference=ref)
+                  for m, tok, opt, ref in zip(self.agents, self.tokenizers, self.optimizers, refs)]
+        return Session(initial=Policies(agents))
+
+    def _prepare_tokenizers(self) -> None:
+        """Batched generation pads on the left and needs a pad token (set when the agents first generate)."""
+        for tok in self.tokenizers:
+            if tok is not None and hasattr(tok, "padding_side"):
+                tok.padding_side = "left"
+                if getattr(tok, "pad_token", None) is None and getattr(tok, "eos_token", None) is not None:
+                    tok.pad_token = tok.eos_token
 
     def _load_trained(self, ckpt: Path) -> None:
         """Copy a checkpoint's agent weights into the live agents (and critics)."""
@@ -331,6 +406,7 @@ class FacadeTrainer:
         from stages.tasks.taskset import build_taskset
 
         cfg = self.run_config()
+        self._prepare_tokenizers()
         store = ArtifactStore(cfg.resolved_data_dir() / "artifacts")
         ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
         pol = Policies([AgentState(m, t, self.args.agent_learning_rate) for m, t in zip(self.agents, self.tokenizers)])

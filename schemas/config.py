@@ -139,8 +139,8 @@ class RewardConfig(_Strict):
     kwargs: dict[str, Any] = Field(default_factory=dict,
                                    description="Keyword arguments bound to the reward function (functools.partial).")
     processor: str | None = Field(
-        None, description="Reward processor: identity | clamp:MIN:MAX | scale:F | sigmoid_scale | exponential_scale:F "
-                          "| normalize_by_length:MAX | 'module:function'.")
+        None, description="Reward processor: identity | clamp:MIN:MAX | scale:F | shift:V | sigmoid_scale | "
+                          "exponential_scale:F | normalize_by_length:MAX | 'module:function'.")
     reward_range: tuple[float, float] | None = Field(
         None, description="Declared [min, max] of the raw reward; null uses the function's `reward_range` attribute "
                           "(set_reward_range) if any. Used to warn when early termination makes turns unreachable.")
@@ -217,7 +217,8 @@ class _TrainerBase(_Strict):
     num_train_epochs: int = Field(20, ge=1, description="Passes over the training items.")
     agent_learning_rate: float = Field(5e-6, gt=0, description="AdamW learning rate of every agent (actor).")
     logging_steps: int = Field(50, ge=1, description="Minimum env_step gap between two training metric logs.")
-    num_agents: int | None = Field(None, ge=1, description="Alias of agents.num_agents (must agree when both set).")
+    num_agents: int | None = Field(2, ge=1, description="Alias of agents.num_agents (must agree when set explicitly; "
+                                                         "a run config keeps it equal to agents.num_agents).")
     parallel_training: str | None = Field(
         "none", description="none (agents in this process) | mp (one persistent worker process per agent; "
                             "generate and update run concurrently; needs agent_devices, and critic_devices for "
@@ -264,6 +265,16 @@ class _TrainerBase(_Strict):
     def _parallel(cls, v: str | None) -> str:
         return _parallel_mode(v)
 
+    @model_validator(mode="after")
+    def _derived(self) -> "_TrainerBase":
+        rdev = self.reference_devices
+        if isinstance(rdev, list) and "num_agents" in self.model_fields_set and self.num_agents is not None \
+                and len(rdev) not in (1, self.num_agents):
+            raise ValueError(f"reference_devices length ({len(rdev)}) must be 1 or {self.num_agents}.")
+        if self.train_batch_size is None:  # the reference fills it in: full-batch updates
+            self.train_batch_size = self.rollout_buffer_size
+        return self
+
     @property
     def batch_size(self) -> int:
         """Resolved train_batch_size (defaults to rollout_buffer_size: full-batch GD)."""
@@ -277,11 +288,16 @@ class _CriticFields(_Strict):
                                                                          "null = agent_learning_rate.")
     critic_devices: str | list[str] | None = Field(None, description="Device(s) of the critic(s) for mp.")
     critic_type: Literal["v", "q"] = Field("v", description="v: V(h) at the last prompt token; q: Q(h,a) at the "
-                                                            "last response token.")
+                                                            "last response token (case-insensitive).")
     value_loss_coef: float = Field(0.6, ge=0, description="Weight of the value loss.")
     critic_value_head_hidden_dim: int | None = Field(
         None, ge=1, description="Hidden dim of the critic's head (IAC: each separate critic's; MAAC: the central "
                                 "critic's, the reference's model_config key); null = the critic's hidden size.")
+
+    @field_validator("critic_type", mode="before")
+    @classmethod
+    def _critic_type(cls, v):
+        return v.lower() if isinstance(v, str) else v
 
 
 class _IACFields(_Strict):
@@ -343,6 +359,24 @@ class MAGRPOConfig(_TrainerBase):
         return self
 
 
+class CentralizedMAGRPOConfig(MAGRPOConfig):
+    """CoMLRL 1.4.3 `CentralizedMAGRPOConfig`: MAGRPOConfig for one joint actor (collaboration_mode centralized,
+    single turn; `max_new_tokens` is the whole joint completion's budget)."""
+
+    num_turns: int = _override(MAGRPOConfig, "num_turns", 1, "Must be 1: centralized MAGRPO is single-turn.")
+    collaboration_mode: str = _override(MAGRPOConfig, "collaboration_mode", "centralized",
+                                        "Must be centralized (one joint actor writes every role).")
+
+    @model_validator(mode="after")
+    def _post_central(self) -> "CentralizedMAGRPOConfig":
+        if self.collaboration_mode != "centralized":
+            raise ValueError(f"CentralizedMAGRPOConfig is for centralized collaboration: collaboration_mode must be "
+                             f"'centralized', got {self.collaboration_mode!r}")
+        if self.num_turns != 1:
+            raise ValueError(f"CentralizedMAGRPOConfig is single-turn: it needs num_turns=1, got {self.num_turns}")
+        return self
+
+
 class MAREINFORCEConfig(MAGRPOConfig):
     """CoMLRL's `MAREINFORCEConfig`: MAGRPOConfig with advantage_mode 'raw' (no baseline)."""
 
@@ -374,7 +408,6 @@ class ActorCriticConfig(_CriticFields, _TrainerBase):
     logging_steps: int = _override(_TrainerBase, "logging_steps", 1)
     num_generations: int = _override(_TrainerBase, "num_generations", 1)
     top_k: int | None = _override(_TrainerBase, "top_k", None)
-    discount: float = _override(_TrainerBase, "discount", 0.9)
     rollout_buffer_size: int = _override(_TrainerBase, "rollout_buffer_size", 8)
 
     @model_validator(mode="after")
@@ -384,6 +417,12 @@ class ActorCriticConfig(_CriticFields, _TrainerBase):
                              f"got {self.num_generations}")
         if self.parallel_training == "mp" and not self.agent_devices:
             raise ValueError("parallel_training='mp' requires agent_devices")
+        return self
+
+    @model_validator(mode="after")
+    def _critic_lr(self) -> "ActorCriticConfig":
+        if self.critic_learning_rate is None:  # the reference fills it in from the agents' rate
+            self.critic_learning_rate = self.agent_learning_rate
         return self
 
     @property
@@ -479,10 +518,16 @@ class RunConfig(_Strict):
         t = self.trainer
         if (self.eval_logger is None) != (self.eval_aggregator is None):
             raise ValueError("eval_logger and eval_aggregator go together: set both or neither")
-        if t.num_agents is not None and self.agents.num_agents is not None and t.num_agents != self.agents.num_agents:
+        explicit = "num_agents" in t.model_fields_set and t.num_agents is not None
+        if explicit and self.agents.num_agents is not None and t.num_agents != self.agents.num_agents:
             raise ValueError(f"trainer.num_agents={t.num_agents} disagrees with agents.num_agents={self.agents.num_agents}")
-        if t.num_agents is not None and self.agents.num_agents is None:
+        if explicit and self.agents.num_agents is None:
             self.agents = AgentsConfig.model_validate({**self.agents.model_dump(), "num_agents": t.num_agents})
+        if t.num_agents != self.agents.n:  # keep the alias equal to the resolved count (a dumped config validates)
+            self.trainer = t = t.model_copy(update={"num_agents": self.agents.n})
+        rdev = t.reference_devices
+        if isinstance(rdev, list) and len(rdev) not in (1, self.agents.n):
+            raise ValueError(f"trainer.reference_devices length ({len(rdev)}) must be 1 or {self.agents.n}.")
         if t.num_turns > 1 and self.transition is None:
             raise ValueError(f"trainer.num_turns={t.num_turns} (multi-turn) needs a transition: set transition.name "
                              "to plain, feedback or 'module:function' (or trainer.num_turns: 1 for single-turn)")
@@ -745,6 +790,12 @@ class MADPOIterConfig(MADPOConfig):
     comparator_policy: str = Field("current", description="current (independent RNG stream) | current_copy (a "
                                                           "frozen copy, on comparator_devices) | history (the "
                                                           "checkpoint k rounds back) | model (frozen models) | api.")
+    preference_replay_dir: str | None = Field(
+        None, description="Also export each round's pairs here as iteration_XXXX.json ({iteration, num_pairs, pairs}, "
+                          "written atomically); replay itself reads the artifact store.")
+    policy_checkpoint_dir: str | None = Field(
+        None, description="Also export the initial policy (initial/agent_i) and each round's (iteration_XXXX/agent_i) "
+                          "here as HF dirs; the history comparator reads the artifact store.")
     comparator_generation_mode: str = Field(
         "decentralized", description="decentralized: one comparator model per agent | centralized: a coordinator "
                                      "(comparator agent comparator_centralized_agent_index) writes every role in one "
@@ -800,12 +851,13 @@ class MADPOIterConfig(MADPOConfig):
         if self.collaboration_mode == "centralized":
             if self.comparator_centralized_agent_index != 0:
                 raise ValueError("collaboration_mode centralized has one actor: comparator_centralized_agent_index "
-                                 "must be 0")
+                                 "must be 0 (the coordinator is actor index 0)")
             if self.comparator_generation_mode == "centralized_sequential":
                 raise ValueError("collaboration_mode centralized compares joint completions: "
                                  "comparator_generation_mode centralized_sequential is for decentralized agents")
             self.comparator_generation_mode = "centralized"
-        elif self.num_agents is not None and self.comparator_centralized_agent_index >= self.num_agents:
+        elif "num_agents" in self.model_fields_set and self.num_agents is not None \
+                and self.comparator_centralized_agent_index >= self.num_agents:
             raise ValueError(f"comparator_centralized_agent_index {self.comparator_centralized_agent_index} must be "
                              f"below num_agents {self.num_agents}")
         if self.comparator_generation_mode == "centralized_sequential" and (self.num_agents or 2) < 2:

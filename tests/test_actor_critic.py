@@ -157,7 +157,7 @@ def test_actor_critic_config_errors(tmp_path, algo, over, msg):
 def test_actor_critic_defaults_match_the_reference(tmp_path):
     c = validate_config({"critic": {"critic_model": "tiny"}, "trainer": {"num_turns": 1}}, "maac").trainer
     assert (c.rollout_buffer_size, c.value_loss_coef, c.discount, c.num_generations, c.top_k, c.num_train_epochs,
-            c.critic_type, c.logging_steps, c.critic_learning_rate) == (8, 0.6, 0.9, 1, None, 40, "v", 1, 5e-6)
+            c.critic_type, c.logging_steps, c.critic_learning_rate) == (8, 0.6, 1.0, 1, None, 40, "v", 1, 5e-6)
     i = validate_config({"critic": {"critic_model": "tiny"}, "trainer": {"num_turns": 1}}, "iac").trainer
     assert (i.use_separate_critic, i.value_clip_range) == (True, 0.2)
 
@@ -302,8 +302,9 @@ def test_multi_turn_actor_critic_with_reference_kl_runs_td_targets_over_turns(tm
         assert r["shaped_reward"] == pytest.approx(r["reward"] - 0.5 * r["ref_kl"])
         if turn == 0:  # TD(0) onto the next turn's old value; the MC return adds gamma * G_1
             nxt = by[(item, agent, 1)]
-            assert r["value_target"] == pytest.approx(r["shaped_reward"] + 0.9 * nxt["old_value"])
-            assert r["mc_return"] == pytest.approx(r["shaped_reward"] + 0.9 * nxt["mc_return"])
+            g = cfg.trainer.discount  # 1.0, CoMLRL 1.4.3's default
+            assert r["value_target"] == pytest.approx(r["shaped_reward"] + g * nxt["old_value"])
+            assert r["mc_return"] == pytest.approx(r["shaped_reward"] + g * nxt["mc_return"])
         else:
             assert r["value_target"] == pytest.approx(r["shaped_reward"])
     assert any(r["ref_kl"] > 0 for r in ac)  # the policy moved away from its frozen reference after update 1

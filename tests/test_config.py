@@ -26,7 +26,7 @@ def test_trainer_defaults_match_reference():
         "agent_devices": None, "num_generations": 4, "max_new_tokens": 256, "temperature": 0.6, "top_p": 0.6,
         "top_k": 50, "num_turns": 2, "discount": 1.0, "joint_mode": "aligned", "early_termination_threshold": -0.2,
         "external_prompt_passthrough": False, "eval_interval": 16, "eval_num_samples": 4, "eval_batch_size": 1,
-        "rollout_buffer_size": 2, "train_batch_size": None, "advantage_normalization": True,
+        "rollout_buffer_size": 2, "train_batch_size": 2, "advantage_normalization": True, "num_agents": 2,
         "reference_kl_enabled": False, "reference_kl_coef": 0.1, "reference_devices": None,
     }
     got = t.model_dump()
@@ -325,9 +325,9 @@ def test_empty_file_is_empty_mapping(tmp_path):
 
 DEFAULT_OVERRIDES = {
     # class: fields it re-declares only for another default (and, for the preference trainers, their own wording)
-    "ActorCriticConfig": {"num_train_epochs", "logging_steps", "num_generations", "top_k", "discount",
-                          "rollout_buffer_size"},
+    "ActorCriticConfig": {"num_train_epochs", "logging_steps", "num_generations", "top_k", "rollout_buffer_size"},
     "MAREINFORCEConfig": {"advantage_mode"}, "MARLOOConfig": {"advantage_mode"}, "MAReMaxConfig": {"advantage_mode"},
+    "CentralizedMAGRPOConfig": {"num_turns", "collaboration_mode"},  # single turn, one joint actor
     "MADPOConfig": {"num_train_epochs", "early_termination_threshold"},  # epochs over pairs; unused single-turn
     "MARLHFConfig": {"critic_learning_rate"},  # null: the RL backend's critic falls back to agent_learning_rate
     "MADPOIterConfig": {"num_train_epochs", "preference_pairs_per_sample"},
@@ -392,12 +392,12 @@ def test_trainer_field_descriptions_are_one_line():
 
 
 _RL_COMMON = {  # the MARLHF trainer below, field by field, as its RL backend gets it
-    "num_train_epochs": 20, "agent_learning_rate": 1e-4, "logging_steps": 50, "num_agents": None,
+    "num_train_epochs": 20, "agent_learning_rate": 1e-4, "logging_steps": 50, "num_agents": 2,
     "parallel_training": "mp", "agent_devices": ["cpu", "cpu"], "num_generations": 3, "max_new_tokens": 256,
     "temperature": 0.6, "top_p": 0.6, "top_k": 7, "num_turns": 1, "discount": 1.0,
     "early_termination_threshold": None, "external_prompt_passthrough": False, "eval_interval": 16,
     "eval_num_samples": 4, "eval_samples_per_item": 1, "eval_batch_size": 1, "rollout_buffer_size": 2,
-    "train_batch_size": None,
+    "train_batch_size": 2,
     "advantage_normalization": True, "reference_kl_enabled": False, "reference_kl_coef": 0.1,
     "reference_devices": None,
 }

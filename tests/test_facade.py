@@ -223,7 +223,7 @@ def test_reward_processors_and_set_reward_range():
     assert RP.normalize_by_length(100)(1.0, length=50) == 0.5 and RP.normalize_by_length(100)(1.0) == 1.0
     f = set_reward_range(lambda a, b: [0.0], 0, 1)
     assert f.reward_range == (0.0, 1.0)
-    with pytest.raises(ValueError, match="min < max"):
+    with pytest.raises(ValueError, match="minimum must be less than maximum"):
         set_reward_range(f, 1, 1)
 
 

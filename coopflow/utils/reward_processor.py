@@ -49,8 +49,12 @@ class RewardProcessors:
         return _Processor(f"clamp:{float(min)}:{float(max)}")
 
     @staticmethod
-    def scale(factor: float) -> _Processor:
+    def scale(factor: float = 1.0) -> _Processor:
         return _Processor(f"scale:{float(factor)}")
+
+    @staticmethod
+    def shift(value: float = 0.0) -> _Processor:
+        return _Processor(f"shift:{float(value)}")
 
     @staticmethod
     def sigmoid_scale() -> _Processor:

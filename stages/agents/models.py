@@ -86,8 +86,9 @@ def resolve_device(spec: str) -> torch.device:
 
 
 def load_agent(source: str | Path, dtype: str = "float32", attn_implementation: str | None = "sdpa",
-               device: str = "cpu"):
-    """Load one causal LM and its tokenizer (left padding, pad token ensured)."""
+               device: str = "cpu", tokenizer=None):
+    """Load one causal LM and its tokenizer (left padding, pad token ensured); a given `tokenizer` is used
+    instead of loading the source's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     quiet_transformers()
@@ -98,7 +99,7 @@ def load_agent(source: str | Path, dtype: str = "float32", attn_implementation: 
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     try:
-        tok = AutoTokenizer.from_pretrained(src)
+        tok = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(src)
         model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
     except OSError as err:
         raise FileNotFoundError(

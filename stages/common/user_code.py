@@ -23,6 +23,9 @@ def callable_fingerprint(fn: Callable) -> str:
     except (OSError, TypeError):
         src = repr(target)
     extra = repr((getattr(fn, "args", ()), sorted(getattr(fn, "keywords", {}).items()))) if target is not fn else ""
+    code = getattr(target, "__code__", None)
+    if code is not None:  # two lambdas on one source line differ in their code and constants
+        extra += f"\n{code.co_code.hex()}\n{code.co_consts!r}\n{code.co_names!r}"
     name = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', type(target).__qualname__)}"
     return hashlib.sha256(f"{name}\n{src}\n{extra}".encode()).hexdigest()[:16]
 
@@ -37,6 +40,17 @@ def register_callable(fn: Callable) -> str:
         raise TypeError(f"expected a callable, got {type(fn).__name__}")
     name = f"mem:{callable_fingerprint(fn)}"
     _IN_MEMORY[name] = fn
+    return name
+
+
+def register_object(obj) -> str:
+    """Make an in-process object (e.g. a centralized adapter instance) usable where configs take an import path:
+    'mem:<fingerprint>' of its class's qualified name and source plus its attributes' repr."""
+    if isinstance(obj, type) or callable(obj):
+        return register_callable(obj)
+    state = repr(sorted((k, repr(v)) for k, v in vars(obj).items())) if hasattr(obj, "__dict__") else ""
+    name = f"mem:{callable_fingerprint(type(obj))}{hashlib.sha256(state.encode()).hexdigest()[:8]}"
+    _IN_MEMORY[name] = obj
     return name
 
 

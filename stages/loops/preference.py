@@ -263,20 +263,20 @@ def rl_context(ctx: RunContext, rm_ref: ArtifactRef, sources: list[str] | None =
 # --- direct (no Prefect) -------------------------------------------------------------------------
 
 
-def preference_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef) -> RunContext:
+def preference_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, session=None) -> RunContext:
     """The run context of MADPO / MARLHF, its plan's budget counting the candidate phase."""
-    ctx = make_context(cfg, store, taskset)
+    ctx = make_context(cfg, store, taskset, session=session)
     est = preference_budget(ctx)
     budget_mod.check(est, cfg.max_sequences)
     return ctx.with_plan(budget=est)
 
 
-def run_preference_direct(cfg: RunConfig, store: ArtifactStore | None = None) -> dict:
+def run_preference_direct(cfg: RunConfig, store: ArtifactStore | None = None, session=None) -> dict:
     """MADPO or MARLHF end to end by calling the stages directly; returns a summary dict."""
     from stages.tasks.taskset import build_taskset
 
     store = store or ArtifactStore(cfg.resolved_data_dir() / "artifacts")
-    ctx = preference_context(cfg, store, build_taskset(cfg.taskset, store))
+    ctx = preference_context(cfg, store, build_taskset(cfg.taskset, store), session)
     try:
         out = _preference_direct(ctx)
     finally:

@@ -50,7 +50,8 @@ def round_keys(ctx: RunContext) -> list[str]:
     t, out, prev = ctx.cfg.trainer, [], ctx.plan.start_key
     fmt = ctx.formatter_ids()
     settings = t.model_dump(exclude={"num_iterations", "eval_interval", "eval_num_samples", "logging_steps",
-                                     "comparator_api_key", "comparator_api_timeout", "comparator_api_retries"})
+                                     "comparator_api_key", "comparator_api_timeout", "comparator_api_retries",
+                                     "preference_replay_dir", "policy_checkpoint_dir"})
     for r in range(1, t.num_iterations + 1):
         prev = key_for("checkpoint", {"prev": prev, "round": r, "items": items_digest(ctx.train_items),
                                       "trainer": settings, "formatters": fmt, "reward": ctx.reward_id,
@@ -396,5 +397,36 @@ def run_rounds(ctx: RunContext, max_new_rounds: int | None = None, run_new_round
             new += 1
             if on_round is not None:
                 on_round(r, res)
+        export_round(ctx, r, res)
         out.append(res)
     return out
+
+
+def export_round(ctx: RunContext, r: int, res: dict) -> None:
+    """Copies of round r where the config asks for them: its pairs as `preference_replay_dir/iteration_XXXX.json`
+    and its policy as `policy_checkpoint_dir/iteration_XXXX/agent_i` (the initial one as `initial/agent_i`)."""
+    from pathlib import Path
+
+    from artifacts.export import export_json, export_tree
+
+    t = ctx.cfg.trainer
+    if t.preference_replay_dir:
+        pairs: dict[int, dict] = {}
+        for row in sorted(ctx.store.read_rows(res["shard"]), key=lambda x: (x["pair_id"], x["agent"])):
+            p = pairs.setdefault(row["pair_id"], {"item_id": row["item_id"], "winner_reward": row["winner_reward"],
+                                                  "loser_reward": row["loser_reward"], "prompts": [], "chosen": [],
+                                                  "rejected": []})
+            p["prompts"].append(row["prompt"])
+            p["chosen"].append(row["chosen"])
+            p["rejected"].append(row["rejected"])
+        export_json(Path(t.preference_replay_dir) / f"iteration_{r:04d}.json",
+                    {"iteration": r, "num_pairs": len(pairs), "pairs": list(pairs.values())})
+    if t.policy_checkpoint_dir:
+        root = Path(t.policy_checkpoint_dir)
+        if r == 1 and not (root / "initial").exists():
+            for i, src in enumerate(ctx.sources):
+                if Path(src).is_dir():
+                    export_tree(src, root / "initial" / f"agent_{i}")
+        lay = CheckpointLayout(ctx.store.open_dir(res["checkpoint"]))
+        for i in range(ctx.n):
+            export_tree(lay.agent(i), root / f"iteration_{r:04d}" / f"agent_{i}")

@@ -25,6 +25,7 @@ from stages.evaluate.evaluate import eval_metrics, evaluate, hook_metrics
 from stages.fit.critic import fit_critic, predict_values
 from stages.loops import actor_critic as AC
 from stages.loops.context import RunContext, formatters_for, make_context
+from stages.loops.session import Session
 from stages.loops.plan import is_actor_critic
 from stages.loops.keys import eval_key, scores_key
 from stages.loops.segment import SegmentResult, node_means, peek_policies, score_or_load, train_segment
@@ -140,7 +141,7 @@ def segment_keys_of(store: ArtifactStore, run_key: str) -> list[str]:
 
 
 def run_direct(cfg: RunConfig, store: ArtifactStore | None = None, show_progress: bool = False,
-               metrics_refs: list | None = None) -> dict:
+               metrics_refs: list | None = None, session: Session | None = None) -> dict:
     """Train and evaluate an online RL config by calling the stages directly (no Prefect, no MLflow).
 
     Returns a summary (env_steps, reward_first/last, train/load/wall seconds, eval, checkpoint). The
@@ -150,7 +151,7 @@ def run_direct(cfg: RunConfig, store: ArtifactStore | None = None, show_progress
     """
     store = store or ArtifactStore(cfg.resolved_data_dir() / "artifacts")
     t0 = time.perf_counter()
-    ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
+    ctx = make_context(cfg, store, build_taskset(cfg.taskset, store), session=session)
     try:
         res = run_segments(ctx, show_progress=show_progress)
         if metrics_refs is not None:  # the caller wants every segment's metrics table (e.g. to log them)

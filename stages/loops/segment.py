@@ -95,6 +95,10 @@ def acquire_policies(ctx: RunContext, start: ArtifactRef | None, start_key: str)
     if pol is not None:
         return pol
     ctx.session.live.clear()
+    if start is None and ctx.session.initial is not None:  # the caller's live agents (same weights as the sources)
+        pol = ctx.session.initial
+        pol.state = {"update": 0, "env_step": 0, "last_logged": None}
+        return pol
     if start is None:
         return _open_policies(ctx, ctx.sources, None, {"update": 0, "env_step": 0, "last_logged": None})
     return open_checkpoint(ctx, start)

@@ -87,9 +87,11 @@ def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: Samplin
     if sampling.backend == "auto" and fast_decode.supports(model):
         new = fast_decode.sample(model, input_ids, attn, sampling.max_new_tokens, sampling.temperature,
                                  sampling.top_k, sampling.top_p, tok.eos_token_id, tok.pad_token_id)
-    else:
-        new = model.generate(input_ids=input_ids, attention_mask=attn,
-                             generation_config=sampling.generation_config(tok))[:, input_ids.shape[1]:]
+    else:  # transformers' generate expands each prompt k times itself (the same rows as repeat_interleave)
+        P = input_ids.shape[1]
+        out = model.generate(input_ids=input_ids[::k], attention_mask=attn[::k], num_return_sequences=k,
+                             return_dict_in_generate=True, generation_config=sampling.generation_config(tok))
+        new = (out.sequences if hasattr(out, "sequences") else out)[:, P:]
     if was_training:
         model.train()
     eos, pad = tok.eos_token_id, tok.pad_token_id

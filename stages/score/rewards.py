@@ -156,7 +156,7 @@ def _exp_scale(factor: float, x: float) -> float:
 
 
 def resolve_processor(spec: str | None) -> Callable[[float], float]:
-    """Parse a processor spec: identity | clamp:MIN:MAX | scale:F | sigmoid_scale | exponential_scale:F |
+    """Parse a processor spec: identity | clamp:MIN:MAX | scale:F | shift:V | sigmoid_scale | exponential_scale:F |
     normalize_by_length:MAX (no length known at score time: identity) | 'module:function'."""
     if spec is None or spec == "identity":
         return lambda x: x
@@ -168,6 +168,8 @@ def resolve_processor(spec: str | None) -> Callable[[float], float]:
     if nums is not None:
         if name == "scale" and len(nums) == 1:
             return lambda x, f=nums[0]: x * f
+        if name == "shift" and len(nums) == 1:
+            return lambda x, v=nums[0]: x + v
         if name == "clamp" and len(nums) in (0, 2):
             lo, hi = nums if nums else (-10.0, 10.0)
             return lambda x: min(hi, max(lo, x))
@@ -179,5 +181,5 @@ def resolve_processor(spec: str | None) -> Callable[[float], float]:
             return lambda x: x
     if ":" in spec and nums is None:
         return load_callable(spec, "reward processor")
-    raise ValueError(f"unknown reward processor {spec!r}; use identity, clamp:MIN:MAX, scale:F, sigmoid_scale, "
+    raise ValueError(f"unknown reward processor {spec!r}; use identity, clamp:MIN:MAX, scale:F, shift:V, sigmoid_scale, "
                      f"exponential_scale:F, normalize_by_length:MAX or 'module:function'")

@@ -11,10 +11,13 @@ class CriticTrainer(FacadeTrainer):
     def _critic_count(self, n: int) -> int:
         raise NotImplementedError
 
+    def _check_critic_flag(self, critic_model, critics) -> None:
+        if not self._wants_critics() and (critic_model is not None or critics):
+            raise ValueError("critics can only be provided when use_separate_critic=True")
+
     def _check_critics(self, critic_model, critics, n: int) -> None:
         if not self._wants_critics():
-            if critic_model is not None or critics:
-                raise ValueError("critics can only be provided when use_separate_critic=True")
+            self._check_critic_flag(critic_model, critics)
             return
         want = self._critic_count(n)
         if critics is not None and len(critics) != want:

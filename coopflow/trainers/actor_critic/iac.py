@@ -1,12 +1,12 @@
 """IAC: independent actor-critic (CoMLRL's `comlrl.trainers.actor_critic.iac`)."""
 
-from coopflow.trainers.actor_critic._critics import CriticTrainer
+from coopflow.trainers.actor_critic.ac_base import ActorCriticTrainerBase, RolloutSample
 from schemas.config import IACConfig
 
-__all__ = ["IACConfig", "IACTrainer"]
+__all__ = ["IACConfig", "IACTrainer", "RolloutSample"]
 
 
-class IACTrainer(CriticTrainer):
+class IACTrainer(ActorCriticTrainerBase):
     """One critic per agent: separate critic LMs + heads (`critic_model` / `critics`), or a value head on
     each actor (`use_separate_critic=False`, no critic sources allowed)."""
 

@@ -1,12 +1,12 @@
 """MAAC: one centralized critic (CoMLRL's `comlrl.trainers.actor_critic.maac`)."""
 
-from coopflow.trainers.actor_critic._critics import CriticTrainer
+from coopflow.trainers.actor_critic.ac_base import ActorCriticTrainerBase
 from schemas.config import MAACConfig
 
 __all__ = ["MAACConfig", "MAACTrainer"]
 
 
-class MAACTrainer(CriticTrainer):
+class MAACTrainer(ActorCriticTrainerBase):
     """Actors without heads and exactly one centralized critic (`critic_model`, or `critics` of length 1)."""
 
     algorithm = "maac"
