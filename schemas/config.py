@@ -54,6 +54,14 @@ def missing_model_dir_message(what: str, src: str) -> str:
             "Hugging Face model id like 'org/name')")
 
 
+def _alias(v: Any, aliases: dict[str, str], what: str, choices: str) -> str:
+    """A setting's canonical name from its (case-insensitive) spellings; a ValueError naming the choices."""
+    key = str(v).lower()
+    if key not in aliases:
+        raise ValueError(f"{what} must be {choices}; got {v!r}")
+    return aliases[key]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -332,18 +340,12 @@ class MAGRPOConfig(_TrainerBase):
     @field_validator("joint_mode")
     @classmethod
     def _joint(cls, v: str) -> str:
-        key = str(v).lower()
-        if key not in JOINT_MODE_ALIASES:
-            raise ValueError(f"joint_mode must be one of aligned, align, cross, crossed; got {v!r}")
-        return JOINT_MODE_ALIASES[key]
+        return _alias(v, JOINT_MODE_ALIASES, "joint_mode", "one of aligned, align, cross, crossed")
 
     @field_validator("collaboration_mode")
     @classmethod
     def _collab(cls, v: str) -> str:
-        key = str(v).lower()
-        if key not in COLLABORATION_ALIASES:
-            raise ValueError(f"collaboration_mode must be decentralized or centralized (or an alias); got {v!r}")
-        return COLLABORATION_ALIASES[key]
+        return _alias(v, COLLABORATION_ALIASES, "collaboration_mode", "decentralized or centralized (or an alias)")
 
     @field_validator("advantage_mode")
     @classmethod
@@ -528,11 +530,6 @@ class RunConfig(_Strict):
         rdev = t.reference_devices
         if isinstance(rdev, list) and len(rdev) not in (1, self.agents.n):
             raise ValueError(f"trainer.reference_devices length ({len(rdev)}) must be 1 or {self.agents.n}.")
-        if t.num_turns > 1 and self.transition is None:
-            raise ValueError(f"trainer.num_turns={t.num_turns} (multi-turn) needs a transition: set transition.name "
-                             "to plain, feedback or 'module:function' (or trainer.num_turns: 1 for single-turn)")
-        if isinstance(self.formatters, list) and len(self.formatters) != self.agents.n:
-            raise ValueError(f"formatters has {len(self.formatters)} entries but there are {self.agents.n} agents")
         if self.centralized:
             if t.num_turns != 1:
                 raise ValueError(f"trainer.collaboration_mode centralized is single-turn: trainer.num_turns must be 1, "
@@ -540,6 +537,11 @@ class RunConfig(_Strict):
             if self.agents.agents and len(set(self.agents.agents)) > 1:
                 raise ValueError("trainer.collaboration_mode centralized trains exactly one actor: give it as "
                                  "agents.agent_model (agents.num_agents counts the roles it writes)")
+        if t.num_turns > 1 and self.transition is None:
+            raise ValueError(f"trainer.num_turns={t.num_turns} (multi-turn) needs a transition: set transition.name "
+                             "to plain, feedback or 'module:function' (or trainer.num_turns: 1 for single-turn)")
+        if isinstance(self.formatters, list) and len(self.formatters) != self.agents.n:
+            raise ValueError(f"formatters has {len(self.formatters)} entries but there are {self.agents.n} agents")
         return self
 
     @property
@@ -831,20 +833,14 @@ class MADPOIterConfig(MADPOConfig):
     @field_validator("comparator_policy")
     @classmethod
     def _comparator(cls, v: str) -> str:
-        key = str(v).lower()
-        if key not in COMPARATOR_ALIASES:
-            raise ValueError(f"comparator_policy must be one of current, current_copy, history, model, api (or an "
-                             f"alias); got {v!r}")
-        return COMPARATOR_ALIASES[key]
+        return _alias(v, COMPARATOR_ALIASES, "comparator_policy",
+                      "one of current, current_copy, history, model, api (or an alias)")
 
     @field_validator("comparator_generation_mode")
     @classmethod
     def _generation(cls, v: str) -> str:
-        key = str(v).lower()
-        if key not in GENERATION_ALIASES:
-            raise ValueError(f"comparator_generation_mode must be decentralized, centralized or centralized_sequential "
-                             f"(or an alias); got {v!r}")
-        return GENERATION_ALIASES[key]
+        return _alias(v, GENERATION_ALIASES, "comparator_generation_mode",
+                      "decentralized, centralized or centralized_sequential (or an alias)")
 
     @model_validator(mode="after")
     def _post_iter(self) -> "MADPOIterConfig":
