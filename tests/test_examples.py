@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
     ("resume_training.py", "in the same MLflow run"),
     ("heterogeneous_agents.py", "vocabularies: [384, 320]"),
     ("preference_learning.py", "MARLHF eval (task reward)"),
+    ("centralized_magrpo.py", "one joint actor (1 model, 2 roles): env steps 16"),
 ])
 def test_example_runs(script, expect, tmp_path, monkeypatch, capsys, prefect_harness):
     monkeypatch.chdir(tmp_path)
@@ -31,5 +32,8 @@ def test_example_runs(script, expect, tmp_path, monkeypatch, capsys, prefect_har
     out = capsys.readouterr().out
     assert expect in out, out[-2000:]
     assert not (tmp_path / "mlruns").exists()  # MLflow artifacts stay under the data dir
+    if script == "centralized_magrpo.py":  # the checkpoint holds the one joint actor
+        assert (tmp_path / "out" / "agent_0" / "config.json").is_file()
+        assert not (tmp_path / "out" / "agent_1").exists()
     if script == "story_length_ratio.py":
         assert (tmp_path / "out" / "agent_1" / "config.json").is_file()
