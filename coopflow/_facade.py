@@ -365,6 +365,7 @@ class FacadeTrainer:
         generating with their own `generate`), when they can run in this process: not under mp workers, and not
         for the actor-critic runs (their critics and heads load from the store)."""
         from stages.agents.state import AgentState, Policies
+        from stages.loops.context import resolve_sources
         from stages.loops.plan import is_actor_critic
         from stages.loops.session import Session
 
@@ -375,7 +376,8 @@ class FacadeTrainer:
         refs = self.reference_models if t.reference_kl_enabled and self.reference_models else [None] * self.num_agents
         agents = [AgentState(m, tok, t.agent_learning_rate, optimizer=opt, reference=ref)
                   for m, tok, opt, ref in zip(self.agents, self.tokenizers, self.optimizers, refs)]
-        return Session(initial=Policies(agents))
+        paths, _ = resolve_sources(cfg, ArtifactStore(cfg.resolved_data_dir() / "artifacts"))
+        return Session(initial=Policies(agents), initial_sources=tuple(paths))
 
     def _prepare_tokenizers(self) -> None:
         """Batched generation pads on the left and needs a pad token (set when the agents first generate)."""

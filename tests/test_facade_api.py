@@ -228,3 +228,26 @@ def test_models_and_schedulers(word_tokenizer):
     assert normalize_parallel_training(None) == "none" and normalize_parallel_training("MP") == "mp"
     with pytest.raises(ValueError):
         normalize_parallel_training("auto")
+
+
+def test_live_agents_start_only_a_context_with_their_sources(tmp_path):
+    """A session's live agents stand in for exactly the sources they were loaded from: a context starting from
+    other weights (e.g. a later round's checkpoint) loads those instead."""
+    from artifacts import ArtifactStore
+    from schemas.config import validate_config
+    from stages.agents.state import Policies
+    from stages.loops.context import make_context
+    from stages.loops.segment import acquire_policies
+    from stages.loops.session import Session
+    from stages.tasks.taskset import build_taskset
+    from tests.conftest import small_config
+
+    cfg = validate_config(small_config(tmp_path))
+    store = ArtifactStore(tmp_path / "artifacts")
+    live = Policies([])
+    ctx = make_context(cfg, store, build_taskset(cfg.taskset, store), session=Session(initial=live))
+    ctx.session.initial_sources = tuple(ctx.sources)
+    assert acquire_policies(ctx, None, ctx.plan.start_key) is live
+    ctx.session.initial_sources = ("some/other/checkpoint",)
+    other = acquire_policies(ctx, None, ctx.plan.start_key)
+    assert other is not live and other.n == 2

@@ -95,7 +95,8 @@ def acquire_policies(ctx: RunContext, start: ArtifactRef | None, start_key: str)
     if pol is not None:
         return pol
     ctx.session.live.clear()
-    if start is None and ctx.session.initial is not None:  # the caller's live agents (same weights as the sources)
+    if start is None and ctx.session.initial is not None and tuple(ctx.sources) == ctx.session.initial_sources:
+        # the caller's live agents, which hold the weights of exactly these sources
         pol = ctx.session.initial
         pol.state = {"update": 0, "env_step": 0, "last_logged": None}
         return pol

@@ -54,7 +54,8 @@ class Session:
     live: LivePolicies = field(default_factory=LivePolicies)
     calls: Counter = field(default_factory=Counter)
     initial: object | None = None  # live policies to start from instead of loading the sources (the Python API's
-    #                                in-memory agents: trained in place, as the reference trains its agents)
+    #                                in-memory agents: trained in place, as the reference trains its agents) ...
+    initial_sources: tuple = ()  # ... by a context whose (resolved) sources are these, i.e. the same weights
 
     def executed(self) -> dict[str, int]:
         """Stage bodies that ran in this session, by name (what the run summary reports)."""
