@@ -221,3 +221,16 @@ def test_coordinator_comparator_writes_every_role(tmp_path, mode):
     with pytest.raises(ConfigError, match="below num_agents"):
         _pref(tmp_path, "madpo-iter", comparator_generation_mode="centralized", comparator_centralized_agent_index=2,
               num_agents=2)
+
+
+def test_delimited_adapter_for_small_models():
+    from stages.tasks.centralized import DelimitedAdapter
+
+    a = DelimitedAdapter()
+    prompt = a.build_prompt({}, ["short task", "long task", "third task"])
+    assert "Task 1:\nshort task" in prompt and "Task 3:\nthird task" in prompt and "blank line" in prompt
+    assert a.parse_completion("a\n\n\n\nb\n\nc", {}, 2) == ["a", "b\n\nc"]  # empty parts skipped, extras to the last
+    assert a.parse_completion("only one", {}, 3) == ["only one", "", ""]  # missing parts are ""
+    with pytest.raises(CentralizedComparatorParseError):
+        a.parse_completion("  \n\n ", {}, 2)
+    assert DelimitedAdapter(" | ").parse_completion("x | y", {}, 2) == ["x", "y"]

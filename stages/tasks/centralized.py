@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 from schemas.config import COLLABORATION_ALIASES, GENERATION_ALIASES  # noqa: F401 (re-exported)
 
-__all__ = ["CentralizedComparatorParseError", "TaggedAdapter", "load_adapter", "adapter_identity", "split_roles",
+__all__ = ["CentralizedComparatorParseError", "TaggedAdapter", "DelimitedAdapter", "load_adapter", "adapter_identity", "split_roles",
            "JointFormatter", "CentralizedReward", "RoleSplitLogger", "parse_failures", "COLLABORATION_ALIASES",
            "GENERATION_ALIASES"]
 
@@ -79,6 +79,33 @@ class TaggedAdapter:
         m = re.search(rf"<agent_{agent_idx}>(.*?)(?:</agent_{agent_idx}>|$)", completion,
                       flags=re.IGNORECASE | re.DOTALL)
         return (m.group(1) if m else completion).strip()
+
+
+class DelimitedAdapter:
+    """Roles as parts of the joint completion separated by `separator` (default a blank line): easier for small
+    models than tags. Part i is role i; the last role takes any extra parts; missing parts are ""; a completion
+    with no text at all is a parse error."""
+
+    def __init__(self, separator: str = "\n\n"):
+        if not separator:
+            raise ValueError("DelimitedAdapter needs a non-empty separator")
+        self.separator = separator
+
+    def build_prompt(self, batch_item: dict, agent_prompts: Sequence[str]) -> str:
+        n = len(agent_prompts)
+        sep = "a blank line" if self.separator == "\n\n" else repr(self.separator)
+        parts = [f"Write {n} parts, one per task below, in order, separated by {sep}. Write nothing else.", ""]
+        for i, p in enumerate(agent_prompts):
+            parts += [f"Task {i + 1}:", str(p), ""]
+        return "\n".join(parts).rstrip()
+
+    def parse_completion(self, completion: str, batch_item: dict, num_agents: int) -> list[str]:
+        parts = [p.strip() for p in completion.split(self.separator) if p.strip()]
+        if not parts:
+            raise CentralizedComparatorParseError("empty joint completion")
+        head, tail = parts[:num_agents - 1], parts[num_agents - 1:]
+        out = head + [self.separator.join(tail)] if tail else head
+        return out + [""] * (num_agents - len(out))
 
 
 # --- loading and identity ------------------------------------------------------------------------
