@@ -110,6 +110,14 @@ def _check_model_dirs(cfg) -> None:
             except ModelPackageMissing as err:
                 print(f"coopflow: {field}: {err}", file=sys.stderr)
                 raise SystemExit(2) from None
+    if cfg.centralized_adapter is not None:  # an adapter that cannot be loaded fails before Prefect starts too
+        from stages.tasks.centralized import load_adapter
+
+        try:
+            load_adapter(cfg.centralized_adapter, cfg.centralized_adapter_kwargs)
+        except (ValueError, TypeError) as err:
+            print(f"coopflow: centralized_adapter: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
 
 
 def _validate(args) -> int:

@@ -234,3 +234,15 @@ def test_delimited_adapter_for_small_models():
     with pytest.raises(CentralizedComparatorParseError):
         a.parse_completion("  \n\n ", {}, 2)
     assert DelimitedAdapter(" | ").parse_completion("x | y", {}, 2) == ["x", "y"]
+
+
+def test_cli_refuses_a_missing_adapter_before_prefect_starts():
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "validate", "--config", "configs/magrpo-story.yaml",
+                        "--set", "trainer.collaboration_mode=centralized", "--set",
+                        "centralized_adapter=stages.tasks.centralized:NoSuchAdapter"],
+                       cwd=repo, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "centralized_adapter" in r.stderr and "NoSuchAdapter" in r.stderr, r.stderr
