@@ -37,7 +37,7 @@ class ArtifactRef(BaseModel):
 
     kind: str
     key: str
-    uri: str
+    uri: str  # "<kind>/<key>", relative to the store root (older stores recorded an absolute path; never read)
     sha256: str
     rows: int | None = None
     schema_version: str = SCHEMA_VERSION
@@ -84,6 +84,11 @@ class ArtifactStore:
         """Directory of an artifact (whether or not it exists)."""
         return self.root / kind / key
 
+    def location(self, ref: ArtifactRef) -> Path:
+        """Where a ref's files are in *this* store: refs resolve against the store root, never an absolute path
+        they were recorded with, so a copied data dir reads (and verifies) its own files and a moved one works."""
+        return self.path(ref.kind, ref.key)
+
     def find(self, kind: str, key: str) -> ArtifactRef | None:
         """The ref of a completed artifact, or None when it was never written."""
         ref_file = self.path(kind, key) / "ref.json"
@@ -120,7 +125,7 @@ class ArtifactStore:
 
     def read_table(self, ref: ArtifactRef) -> pa.Table:
         """Read a table artifact, verifying its sha256 and schema."""
-        path = Path(ref.uri) / "data.parquet"
+        path = self.location(ref) / "data.parquet"
         if not path.is_file():
             raise ArtifactError(f"artifact {ref.kind}/{ref.key} is missing its data file {path}")
         digest = sha256_file(path)
@@ -160,7 +165,7 @@ class ArtifactStore:
 
     def open_dir(self, ref: ArtifactRef) -> Path:
         """Directory of a dir artifact after verifying every file against its manifest."""
-        root = Path(ref.uri)
+        root = self.location(ref)
         manifest_path = root / "manifest.json"
         if not manifest_path.is_file():
             raise ArtifactError(f"artifact {ref.kind}/{ref.key} is missing its manifest {manifest_path}")
@@ -191,7 +196,7 @@ class ArtifactStore:
                 table: bool) -> ArtifactRef:
         final = self.path(kind, key)
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.parent / f".tmp-{key}-{uuid.uuid4().hex[:8]}"
+        tmp = final.parent / f".tmp-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
             writer(tmp)
@@ -201,7 +206,7 @@ class ArtifactStore:
                 files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
                 (tmp / "manifest.json").write_text(json.dumps({"kind": kind, "key": key, "files": files}, indent=1))
                 digest = sha256_file(tmp / "manifest.json")
-            ref = ArtifactRef(kind=kind, key=key, uri=str(final), sha256=digest, rows=rows)
+            ref = ArtifactRef(kind=kind, key=key, uri=f"{kind}/{key}", sha256=digest, rows=rows)
             (tmp / "ref.json").write_text(ref.model_dump_json(indent=1))
             if final.exists():
                 # A stale incomplete dir (no ref.json) from an older crash, or a concurrent writer won.
@@ -221,16 +226,54 @@ class ArtifactStore:
         final = self.path(kind, key)
         if not final.exists():
             return False
-        trash = final.parent / f".tmp-del-{key}-{uuid.uuid4().hex[:8]}"
+        trash = final.parent / f".tmp-del-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         os.replace(final, trash)
         shutil.rmtree(trash, ignore_errors=True)
         return True
 
-    def clean_temp(self) -> int:
-        """Remove temp dirs left by killed processes; returns how many were removed."""
+    def clean_temp(self, stale_after_s: float = 3600.0) -> int:
+        """Remove temp dirs left by killed processes; returns how many were removed. A temp dir names the process
+        writing it: one whose process is still alive (another run's write in progress) is left alone; one without
+        a process id (older stores) only once it is `stale_after_s` old."""
+        import time
+
         n = 0
         for kind_dir in self.root.iterdir() if self.root.exists() else []:
+            if not kind_dir.is_dir():
+                continue
             for t in kind_dir.glob(".tmp-*"):
+                pid = _writer_pid(t.name)
+                if pid is not None and _alive(pid):
+                    continue
+                if pid is None:
+                    try:
+                        if time.time() - t.stat().st_mtime < stale_after_s:
+                            continue
+                    except FileNotFoundError:
+                        continue
                 shutil.rmtree(t, ignore_errors=True)
                 n += 1
         return n
+
+
+def _writer_pid(name: str) -> int | None:
+    """The process id in a temp dir's name ('.tmp-[del-]<key>-<pid>-<hex>'), None for the older format."""
+    parts = name.split("-")
+    if len(parts) >= 4 and parts[-2].isdigit():
+        return int(parts[-2])
+    return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine (a zombie counts as dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return True

@@ -41,8 +41,8 @@ def test_put_read_table_round_trip_from_rows(store):
     ref = store.put_table("metrics", "k1", METRICS, meta={"run": "x"})
     assert isinstance(ref, ArtifactRef)
     assert (ref.kind, ref.key, ref.rows, ref.schema_version) == ("metrics", "k1", 3, SCHEMA_VERSION)
-    assert Path(ref.uri) == store.path("metrics", "k1")
-    assert ref.sha256 == sha256_file(Path(ref.uri) / "data.parquet")
+    assert store.location(ref) == store.path("metrics", "k1")
+    assert ref.sha256 == sha256_file(store.location(ref) / "data.parquet")
     table = store.read_table(ref)
     assert table.schema.equals(schema_for("metrics"), check_metadata=False)
     assert table.to_pylist() == METRICS
@@ -97,7 +97,7 @@ def test_unknown_kind_raises(store):
 
 def test_corrupted_parquet_raises_naming_the_file(store):
     ref = store.put_table("metrics", "k1", METRICS)
-    path = Path(ref.uri) / "data.parquet"
+    path = store.location(ref) / "data.parquet"
     _flip_byte(path)
     with pytest.raises(ArtifactError, match="corrupted") as err:
         store.read_table(ref)
@@ -106,7 +106,7 @@ def test_corrupted_parquet_raises_naming_the_file(store):
 
 def test_missing_parquet_raises(store):
     ref = store.put_table("metrics", "k1", METRICS)
-    path = Path(ref.uri) / "data.parquet"
+    path = store.location(ref) / "data.parquet"
     path.unlink()
     with pytest.raises(ArtifactError, match="missing") as err:
         store.read_table(ref)
@@ -115,19 +115,22 @@ def test_missing_parquet_raises(store):
 
 def test_schema_mismatch_on_read_raises(store):
     ref = store.put_table("metrics", "k1", METRICS)
-    wrong = ArtifactRef(kind="eval", key=ref.key, uri=ref.uri, sha256=ref.sha256, rows=ref.rows)
+    import shutil
+
+    shutil.copytree(store.location(ref), store.path("eval", ref.key))  # a metrics table where an eval table belongs
+    wrong = ArtifactRef(kind="eval", key=ref.key, uri=f"eval/{ref.key}", sha256=ref.sha256, rows=ref.rows)
     with pytest.raises(ArtifactError, match="does not match the declared eval schema"):
         store.read_table(wrong)
 
 
 def test_put_existing_key_returns_existing_ref_without_overwriting(store):
     ref1 = store.put_table("metrics", "same", METRICS)
-    mtime = (Path(ref1.uri) / "data.parquet").stat().st_mtime_ns
+    mtime = (store.location(ref1) / "data.parquet").stat().st_mtime_ns
     ref2 = store.put_table("metrics", "same", METRICS[:1])
     assert ref2 == ref1
     assert ref2.rows == 3
     assert store.read_rows(ref2) == METRICS
-    assert (Path(ref1.uri) / "data.parquet").stat().st_mtime_ns == mtime
+    assert (store.location(ref1) / "data.parquet").stat().st_mtime_ns == mtime
 
 
 # --- directories -----------------------------------------------------------------------------------
@@ -143,7 +146,7 @@ def test_put_open_dir_with_manifest(store):
     ref = store.put_dir("checkpoint", "c1", _writer)
     assert ref.kind == "checkpoint" and ref.rows is None
     root = store.open_dir(ref)
-    assert root == Path(ref.uri)
+    assert root == store.location(ref)
     assert (root / "config.json").read_text() == '{"a": 1}'
     manifest = json.loads((root / "manifest.json").read_text())
     assert manifest["kind"] == "checkpoint" and manifest["key"] == "c1"
@@ -154,7 +157,7 @@ def test_put_open_dir_with_manifest(store):
 
 def test_corrupted_dir_file_raises_naming_it(store):
     ref = store.put_dir("checkpoint", "c1", _writer)
-    bad = Path(ref.uri) / "sub" / "weights.bin"
+    bad = store.location(ref) / "sub" / "weights.bin"
     _flip_byte(bad, 10)
     with pytest.raises(ArtifactError, match="corrupted") as err:
         store.open_dir(ref)
@@ -163,7 +166,7 @@ def test_corrupted_dir_file_raises_naming_it(store):
 
 def test_missing_dir_file_raises_naming_it(store):
     ref = store.put_dir("checkpoint", "c1", _writer)
-    gone = Path(ref.uri) / "config.json"
+    gone = store.location(ref) / "config.json"
     gone.unlink()
     with pytest.raises(ArtifactError, match="missing") as err:
         store.open_dir(ref)
@@ -172,7 +175,7 @@ def test_missing_dir_file_raises_naming_it(store):
 
 def test_corrupted_manifest_raises(store):
     ref = store.put_dir("checkpoint", "c1", _writer)
-    m = Path(ref.uri) / "manifest.json"
+    m = store.location(ref) / "manifest.json"
     m.write_text(m.read_text().replace('"c1"', '"c2"'))
     with pytest.raises(ArtifactError, match="manifest"):
         store.open_dir(ref)
@@ -183,7 +186,7 @@ def test_put_dir_existing_key_does_not_call_writer(store):
     called = []
     ref2 = store.put_dir("checkpoint", "c1", lambda d: called.append(d))
     assert ref2 == ref1 and called == []
-    assert store.open_dir(ref2) == Path(ref1.uri)
+    assert store.open_dir(ref2) == store.location(ref1)
 
 
 def test_failing_writer_leaves_nothing(store):
@@ -243,7 +246,7 @@ def test_remove(store):
     ref = store.put_table("metrics", "k1", METRICS)
     assert store.remove("metrics", "k1") is True
     assert store.find("metrics", "k1") is None
-    assert not Path(ref.uri).exists()
+    assert not store.location(ref).exists()
     assert _temp_dirs(store) == []
     assert store.remove("metrics", "k1") is False
     # the key can be written again with new content
@@ -252,18 +255,48 @@ def test_remove(store):
 
 
 def test_clean_temp(store):
+    """Temp dirs of dead writers go; a live process's write in progress stays (another run may be writing);
+    an old-format temp dir without a process id goes once it is stale."""
+    import os
+    import subprocess
+    import sys
+
     store.put_table("metrics", "k1", METRICS)
-    (store.root / "metrics" / ".tmp-k2-deadbeef").mkdir()
-    (store.root / "metrics" / ".tmp-k2-deadbeef" / "data.parquet").write_bytes(b"partial")
-    assert store.clean_temp() == 1
-    assert _temp_dirs(store) == []
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    for name in (f".tmp-k2-{dead}-deadbeef", f".tmp-k3-{os.getpid()}-cafecafe", ".tmp-k4-0badf00d"):
+        (store.root / "metrics" / name).mkdir()
+        (store.root / "metrics" / name / "data.parquet").write_bytes(b"partial")
+    assert store.clean_temp() == 1  # the dead writer's
+    assert sorted(p.name for p in _temp_dirs(store)) == [".tmp-k3-%d-cafecafe" % os.getpid(), ".tmp-k4-0badf00d"]
+    old = store.root / "metrics" / ".tmp-k4-0badf00d"
+    os.utime(old, (0, 0))
+    assert store.clean_temp() == 1 and not old.exists()  # stale: an older crash's leftover
+    assert (store.root / "metrics" / f".tmp-k3-{os.getpid()}-cafecafe").is_dir()
     assert store.find("metrics", "k1") is not None
+
+
+def test_copied_and_moved_data_dirs_read_their_own_files(tmp_path):
+    """Refs resolve against the store root: a copy reads (and verifies) its own files, a moved store works."""
+    import shutil
+
+    a = ArtifactStore(tmp_path / "a")
+    ref = a.put_table("metrics", "k1", METRICS)
+    shutil.copytree(tmp_path / "a", tmp_path / "copy")
+    copy = ArtifactStore(tmp_path / "copy")
+    (copy.location(ref) / "data.parquet").write_bytes(b"corrupted in the copy only")
+    with pytest.raises(ArtifactError, match="corrupted"):
+        copy.read_rows(copy.find("metrics", "k1"))
+    assert a.read_rows(ref) == METRICS  # the original is untouched and still verifies
+    shutil.move(str(tmp_path / "a"), str(tmp_path / "moved"))
+    moved = ArtifactStore(tmp_path / "moved")
+    assert moved.read_rows(moved.find("metrics", "k1")) == METRICS
 
 
 def test_corrupted_ref_record_raises_artifact_error(tmp_path):
     store = ArtifactStore(tmp_path)
     ref = store.put_json("model", "k1", {"a": 1})
-    (Path(ref.uri) / "ref.json").write_text("{not json")
+    (store.location(ref) / "ref.json").write_text("{not json")
     with pytest.raises(ArtifactError, match="ref.json is corrupted"):
         store.find("model", "k1")
 
