@@ -149,6 +149,9 @@ class RewardConfig(_Strict):
     processor: str | None = Field(
         None, description="Reward processor: identity | clamp:MIN:MAX | scale:F | shift:V | sigmoid_scale | "
                           "exponential_scale:F | normalize_by_length:MAX | 'module:function'.")
+    timeout_s: float | None = Field(
+        300.0, gt=0, description="Seconds one reward call may take before the run fails with an error naming the "
+                                 "reward (a hung reward never blocks a run forever); null = no limit.")
     reward_range: tuple[float, float] | None = Field(
         None, description="Declared [min, max] of the raw reward; null uses the function's `reward_range` attribute "
                           "(set_reward_range) if any. Used to warn when early termination makes turns unreachable.")

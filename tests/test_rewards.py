@@ -369,3 +369,52 @@ def test_load_callable_malformed(path):
 def test_resolve_reward_unknown_name():
     with pytest.raises(ValueError, match="reward 'nonexistent_reward'"):
         resolve_reward("nonexistent_reward")
+
+
+# --- misbehaving rewards (issue 20) ------------------------------------------------------------------
+
+
+def _score(fn, n=2, timeout=None):
+    from stages.score.rewards import RewardCaller
+    from stages.score.scores import score_rewards
+
+    rows = [{"step": 0, "turn": 0, "node_id": 0, "item_id": 7, "agent": a, "sample": 0, "prompt": "p",
+             "completion_text": f"text {a}"} for a in range(n)]
+    return score_rewards(rows, {7: {"prompt": "p"}}, RewardCaller(fn, n, timeout), lambda x: x, "aligned", 0)
+
+
+def hanging_reward(c1, c2):
+    import time
+
+    time.sleep(30)
+    return [1.0]
+
+
+def test_a_hanging_reward_fails_after_its_timeout_naming_it():
+    import time
+
+    from stages.score.rewards import RewardError
+
+    t0 = time.perf_counter()
+    with pytest.raises(RewardError, match=r"hanging_reward did not return within 0.5 s.*\(item 7, joint action \[0, 0\]\)"):
+        _score(hanging_reward, timeout=0.5)
+    assert time.perf_counter() - t0 < 5
+
+
+def test_rewards_that_raise_or_return_junk_are_named():
+    from stages.score.rewards import RewardError
+
+    def boom(c1, c2):
+        raise KeyError("score")
+
+    with pytest.raises(RewardError, match=r"KeyError from reward function .*boom on item 7, joint action \[0, 0\]"):
+        _score(boom)
+    with pytest.raises(RewardError, match=r"returned 3 values for one joint action .*expected 1"):
+        _score(lambda c1, c2: [1.0, 2.0, 3.0])
+    with pytest.raises(RewardError, match=r"returned 'good' \(str\); expected a float"):
+        _score(lambda c1, c2: "good")
+    with pytest.raises(RewardError, match=r"returned \['a'\] \(list\)"):
+        _score(lambda c1, c2: ["a"])
+    with pytest.raises(FloatingPointError, match="returned nan"):
+        _score(lambda c1, c2: [float("nan")])
+    assert _score(lambda c1, c2: [0.5], timeout=5)[0]["reward"] == 0.5

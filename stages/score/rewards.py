@@ -69,11 +69,49 @@ def reward_identity(name: str, kwargs: dict | None = None, processor: str | None
 # --- dispatch ------------------------------------------------------------------------------------
 
 
-class RewardCaller:
-    """Calls a reward function with the shape its signature asks for (resolved once)."""
+class RewardError(TypeError, ValueError):
+    """A reward function that raised, hung or returned something unusable (the message names it). A TypeError
+    and a ValueError, as the plain errors these used to be."""
 
-    def __init__(self, fn: Callable, num_agents: int):
-        self.fn, self.n = fn, num_agents
+
+def _name(fn: Callable) -> str:
+    target = getattr(fn, "func", fn)
+    return f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', type(target).__name__)}"
+
+
+def call_with_timeout(fn: Callable, timeout_s: float | None, what: str):
+    """fn() in a daemon thread, waited for at most timeout_s seconds (None: no limit). A call still running then
+    raises RewardError (its thread is abandoned: it cannot keep the process alive); Ctrl-C interrupts the wait."""
+    if not timeout_s:
+        return fn()
+    import threading
+
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # handed to the waiting thread
+            box["error"] = err
+
+    t = threading.Thread(target=run, name=f"coopflow-{what}", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise RewardError(f"{what} did not return within {timeout_s:g} s (reward.timeout_s); it may hang or be too "
+                          "slow: fix it or raise reward.timeout_s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+class RewardCaller:
+    """Calls a reward function with the shape its signature asks for (resolved once), each call limited to
+    `timeout_s` seconds."""
+
+    def __init__(self, fn: Callable, num_agents: int, timeout_s: float | None = None):
+        self.fn, self.n, self.timeout_s = fn, num_agents, timeout_s
+        self.name = _name(fn)
         try:
             params = list(inspect.signature(fn).parameters.values())
         except (TypeError, ValueError):
@@ -107,21 +145,27 @@ class RewardCaller:
             kw["batch_items"] = items
         if self.wants_prompts_kw and not prompts_positional and ("prompts" not in kw):
             kw["prompts"] = prompts
-        try:
-            out = self.fn(*args, **kw)
-        except TypeError:
-            out = self.fn(*per_agent)
-        return to_floats(out)
+        def call():
+            try:
+                return self.fn(*args, **kw)
+            except TypeError:
+                return self.fn(*per_agent)
+
+        out = call_with_timeout(call, self.timeout_s, f"reward function {self.name}")
+        return to_floats(out, self.name)
 
     def call_cross(self, per_agent: list[list[str]], items: list[dict]) -> list[float]:
         """Cross mode calls the function directly: only batch_items is detected; a TypeError retries with one
         list of the N strings."""
         kw = {"batch_items": items} if "batch_items" in _param_names(self.fn) else {}
-        try:
-            out = self.fn(*per_agent, **kw)
-        except TypeError:
-            out = self.fn([c[0] for c in per_agent])
-        return to_floats(out)
+
+        def call():
+            try:
+                return self.fn(*per_agent, **kw)
+            except TypeError:
+                return self.fn([c[0] for c in per_agent])
+
+        return to_floats(call_with_timeout(call, self.timeout_s, f"reward function {self.name}"), self.name)
 
 
 def _param_names(fn: Callable) -> set[str]:
@@ -131,20 +175,24 @@ def _param_names(fn: Callable) -> set[str]:
         return set()
 
 
-def to_floats(out: Any) -> list[float]:
-    """Coerce a reward function's output to a list of floats."""
+def to_floats(out: Any, name: str | None = None) -> list[float]:
+    """Coerce a reward function's output to a list of floats (`name` goes into the errors)."""
+    who = f"reward function {name}" if name else "reward function"
     if hasattr(out, "detach"):
         out = out.detach().cpu().reshape(-1).tolist()
     elif hasattr(out, "tolist") and not isinstance(out, (list, tuple)):
         out = out.tolist()  # numpy scalars and arrays
     if isinstance(out, (int, float)):
         return [float(out)]
+    if isinstance(out, (str, bytes)):
+        raise RewardError(f"{who} returned {out!r} ({type(out).__name__}); expected a float or a list of floats")
     try:
         vals = [float(x) for x in out]
-    except TypeError:
-        raise TypeError(f"reward function returned {type(out).__name__}; expected a float or a list of floats") from None
+    except (TypeError, ValueError):
+        raise RewardError(f"{who} returned {repr(out)[:200]} ({type(out).__name__}); expected a float or a list of "
+                          "floats") from None
     if not vals:
-        raise ValueError("reward function returned an empty list")
+        raise RewardError(f"{who} returned an empty list; expected one float per joint action")
     return vals
 
 

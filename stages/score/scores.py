@@ -17,7 +17,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 
-from stages.score.rewards import RewardCaller
+from stages.score.rewards import RewardCaller, RewardError
 
 
 def joint_combos(k: int, n: int, joint_mode: str) -> list[tuple[int, ...]]:
@@ -51,10 +51,19 @@ def score_rewards(rollouts: list[dict], items: dict[int, dict], caller: RewardCa
         k = 1 + max(s for (_, s) in texts[node])
         for j, combo in enumerate(joint_combos(k, n, joint_mode)):
             per_agent = [[texts[node][(a, combo[a])]] for a in range(n)]
-            if joint_mode == "cross" and n > 1:
-                vals = caller.call_cross(per_agent, [item])
-            else:
-                vals = caller(per_agent, [prompt], [item])
+            try:
+                if joint_mode == "cross" and n > 1:
+                    vals = caller.call_cross(per_agent, [item])
+                else:
+                    vals = caller(per_agent, [prompt], [item])
+            except RewardError as err:  # it names the reward already: add where
+                raise RewardError(f"{err} (item {item_id}, joint action {list(combo)})") from err
+            except Exception as err:  # name the reward, the item and the joint action
+                raise RewardError(f"{err.__class__.__name__} from reward function {getattr(caller, 'name', '?')} "
+                                  f"on item {item_id}, joint action {list(combo)}: {err}") from err
+            if len(vals) != 1:
+                raise RewardError(f"reward function {getattr(caller, 'name', '?')} returned {len(vals)} values for one "
+                                  f"joint action (item {item_id}, joint action {list(combo)}); expected 1")
             raw = vals[0]
             if not math.isfinite(raw):
                 raise FloatingPointError(f"reward function returned {raw} for item {item_id}, joint action {combo}")
