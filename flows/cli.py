@@ -275,6 +275,13 @@ def _run(args) -> int:
     args.overrides = [*(args.overrides or []), *forced] if forced else args.overrides
     cfg = _load(args, algorithm)  # fails fast, before Prefect or any model loads
     _check_model_dirs(cfg)
+    from stages.loops.preflight import PreflightError, preflight
+
+    try:  # the data dir, the user code the config names, the taskset: one line each, before Prefect starts
+        preflight(cfg)
+    except PreflightError as err:
+        print(f"coopflow: {err}", file=sys.stderr)
+        return 2
     from flows.env import configure
 
     configure(cfg.data_dir)

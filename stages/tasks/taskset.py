@@ -44,6 +44,15 @@ def _builtin(name: str) -> dict[str, list[dict]]:
 BUILTIN_TASKSETS = ("story-length-ratio",)
 
 
+def _text(path: Path) -> str:
+    """A taskset file's text; bytes that are not UTF-8 are an error naming the file and the position."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"taskset file {path} is not UTF-8 text (byte {err.start}: {err.reason}); save it as "
+                         "UTF-8") from None
+
+
 def _read_file(path: Path) -> list[dict]:
     suffix = path.suffix.lower()
     if suffix == ".parquet":
@@ -52,7 +61,7 @@ def _read_file(path: Path) -> list[dict]:
         return pq.read_table(path).to_pylist()
     if suffix in (".jsonl", ".ndjson"):
         rows = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
+        for n, line in enumerate(_text(path).splitlines(), 1):
             if line.strip():
                 try:
                     rows.append(json.loads(line))
@@ -60,7 +69,10 @@ def _read_file(path: Path) -> list[dict]:
                     raise ValueError(f"{path}:{n}: invalid JSON line ({err})") from None
         return rows
     if suffix == ".json":
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(_text(path))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: invalid JSON ({err})") from None
         if isinstance(data, dict) and "data" in data:
             data = data["data"]
         if not isinstance(data, list):
@@ -69,8 +81,9 @@ def _read_file(path: Path) -> list[dict]:
     if suffix == ".csv":
         import csv
 
-        with open(path, newline="") as f:
-            return list(csv.DictReader(f))
+        import io
+
+        return list(csv.DictReader(io.StringIO(_text(path), newline="")))
     raise ValueError(f"taskset file {path} has unsupported type {suffix!r}; use .parquet, .jsonl, .json or .csv")
 
 

@@ -1,0 +1,73 @@
+"""Bad input is refused before anything expensive starts, in one line naming the field or file (issue 20)."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from schemas.config import validate_config
+from stages.loops.preflight import PreflightError, preflight
+from tests.conftest import small_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cfg(tmp_path, **sections):
+    return validate_config(small_config(tmp_path / "data", **sections))
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda p: {"reward": {"name": "no_such_module:reward"}}, r"reward 'no_such_module:reward': cannot import"),
+    (lambda p: {"reward": {"name": "tests.helpers:no_such_reward"}}, r"has no callable 'no_such_reward'"),
+    (lambda p: {"formatters": {"function": "tests.helpers:nope"}}, r"formatters\[0\].function"),
+    (lambda p: {"metrics_callback": "nowhere:fn"}, r"metrics_callback 'nowhere:fn'"),
+    (lambda p: {"taskset": {"name": str(p / "missing.jsonl")}}, r"taskset.name: .*missing.jsonl.* nor an existing file"),
+])
+def test_unloadable_code_and_missing_files_are_named(tmp_path, make, match):
+    with pytest.raises(PreflightError, match=match):
+        preflight(_cfg(tmp_path, **make(tmp_path)))
+
+
+def test_taskset_contents_are_checked(tmp_path):
+    no_prompt = tmp_path / "no_prompt.jsonl"
+    no_prompt.write_text('{"text": "a"}\n')
+    with pytest.raises(PreflightError, match=r"taskset.prompt_column 'prompt' not found in .*row 0 \(columns: \['text'\]\)"):
+        preflight(_cfg(tmp_path, taskset={"name": str(no_prompt)}))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(PreflightError, match=r"split 'train' has no items"):
+        preflight(_cfg(tmp_path, taskset={"name": str(empty)}))
+    latin = tmp_path / "latin1.csv"
+    latin.write_bytes("prompt\ncaf\xe9\n".encode("latin-1"))
+    with pytest.raises(PreflightError, match=r"latin1.csv is not UTF-8 text \(byte 10"):
+        preflight(_cfg(tmp_path, taskset={"name": str(latin)}))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{"prompt": \n')
+    with pytest.raises(PreflightError, match=r"bad.jsonl:2: invalid JSON line"):
+        preflight(_cfg(tmp_path, taskset={"name": str(bad)}))
+
+
+def test_data_dir_under_a_file_is_named(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    cfg = validate_config(small_config(tmp_path / "afile" / "data"))
+    with pytest.raises(PreflightError, match=r"data_dir .*afile/data: .*afile is a file, not a directory"):
+        preflight(cfg)
+
+
+def test_a_good_config_passes_and_builds_its_taskset(tmp_path):
+    cfg = _cfg(tmp_path)
+    preflight(cfg)
+    assert any((tmp_path / "data" / "artifacts" / "taskset").iterdir())
+
+
+def test_cli_refuses_bad_input_in_seconds_with_one_line(tmp_path):
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "run", "train-magrpo", "--config", "configs/magrpo-story.yaml",
+                        "--set", f"data_dir={tmp_path / 'data'}", "--set", "reward.name=no_such_module:reward"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()]  # one line, no traceback
+    assert "reward 'no_such_module:reward'" in r.stderr
+    assert time.perf_counter() - t0 < 60  # before any Prefect server or model (~30 s otherwise)
