@@ -266,13 +266,39 @@ def _boot_ephemeral_server():
     return ready
 
 
+def secrets_to_env(overrides: list[str]) -> list[str]:
+    """Overrides without secrets: `trainer.comparator_api_key=K` becomes an environment variable of this process
+    (COOPFLOW_COMPARATOR_API_KEY, named by trainer.comparator_api_key_env) and each comparator_api_headers value
+    an 'env:COOPFLOW_HEADER_<i>' reference, so no key reaches the flow-run parameters Prefect stores."""
+    from schemas.config import _parse_value
+
+    out = []
+    for ov in overrides:
+        key, sep, value = ov.partition("=")
+        if sep and key.strip() == "trainer.comparator_api_key":
+            os.environ["COOPFLOW_COMPARATOR_API_KEY"] = str(_parse_value(value))
+            out.append("trainer.comparator_api_key_env=COOPFLOW_COMPARATOR_API_KEY")
+        elif sep and key.strip() == "trainer.comparator_api_headers" and isinstance(_parse_value(value), dict):
+            refs = {}
+            for i, (name, v) in enumerate(_parse_value(value).items()):
+                if str(v).startswith("env:"):
+                    refs[name] = str(v)
+                else:
+                    os.environ[f"COOPFLOW_HEADER_{i}"] = str(v)
+                    refs[name] = f"env:COOPFLOW_HEADER_{i}"
+            out.append("trainer.comparator_api_headers=" + json.dumps(refs))
+        else:
+            out.append(ov)
+    return out
+
+
 FORCED = {"train-magrpo-centralized": ("magrpo", ["trainer.collaboration_mode=centralized"])}
 """Flows that are another flow's algorithm with fixed overrides."""
 
 
 def _run(args) -> int:
     algorithm, forced = FORCED.get(args.flow, (args.flow.removeprefix("train-"), []))
-    args.overrides = [*(args.overrides or []), *forced] if forced else args.overrides
+    args.overrides = secrets_to_env([*(args.overrides or []), *forced])
     cfg = _load(args, algorithm)  # fails fast, before Prefect or any model loads
     _check_model_dirs(cfg)
     from stages.loops.preflight import PreflightError, preflight

@@ -43,10 +43,15 @@ STAGES = ("taskset", "train", "evaluate", "score", "critic")
 
 
 def _public(cfg: RunConfig) -> dict:
-    """The config as logged to MLflow: secrets (an API key) are masked, never logged."""
+    """The config as logged to MLflow: secrets (the API key, header values other than 'env:VAR' references) are
+    masked, never logged."""
     data = cfg.model_dump(mode="json")
-    if (data.get("trainer") or {}).get("comparator_api_key"):
-        data["trainer"]["comparator_api_key"] = "***"
+    t = data.get("trainer") or {}
+    if t.get("comparator_api_key"):
+        t["comparator_api_key"] = "***"
+    if t.get("comparator_api_headers"):
+        t["comparator_api_headers"] = {k: v if str(v).startswith("env:") else "***"
+                                       for k, v in t["comparator_api_headers"].items()}
     return data
 
 

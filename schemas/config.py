@@ -822,7 +822,9 @@ class MADPOIterConfig(MADPOConfig):
     comparator_api_timeout: float = Field(120.0, gt=0, description="api comparator: seconds per request.")
     comparator_api_retries: int = Field(2, ge=0, description="api comparator: retries after a timeout or HTTP 5xx.")
     comparator_api_max_n_per_request: int | None = Field(None, ge=1, description="openai format: n per request cap.")
-    comparator_api_headers: dict[str, str] | None = Field(None, description="api comparator: extra HTTP headers.")
+    comparator_api_headers: dict[str, str] | None = Field(None, description="api comparator: extra HTTP headers; a "
+                                                                            "value 'env:VAR' is read from the "
+                                                                            "environment (values are never logged).")
     comparator_api_key: str | None = Field(None, description="api comparator: the key itself (prefer "
                                                              "comparator_api_key_env; never logged).")
     comparator_api_key_env: str | None = Field(None, description="api comparator: environment variable holding "

@@ -113,3 +113,45 @@ def test_api_comparator_in_a_round(server, tmp_path):
     rows = store.read_rows(res["shard"])
     texts = {r["chosen"] for r in rows} | {r["rejected"] for r in rows}
     assert any(t.startswith("g") for t in texts)  # the comparator's side came from the HTTP service
+
+
+def test_retries_back_off_exponentially(server, monkeypatch):
+    """A 5xx or a timeout is retried after 0.5 s, 1 s, 2 s, ... (with +-20 % jitter), not at once."""
+    import stages.rollout.comparator_api as C
+
+    waits = []
+    monkeypatch.setattr(C, "_sleep", waits.append)
+    with pytest.raises(ValueError, match="failed after 4 attempts: timed out"):
+        _call(APIComparator(f"{server}/slow", timeout=0.05, retries=3))
+    assert len(waits) == 3
+    for w, base in zip(waits, (0.5, 1.0, 2.0)):
+        assert 0.8 * base <= w <= 1.2 * base, waits
+
+
+def test_secrets_never_reach_flow_parameters_or_mlflow_params(server, monkeypatch):
+    """`--set` keys and header values become environment variables (the flow-run parameters Prefect stores hold
+    only their names); MLflow params mask whatever secret a config still holds; 'env:VAR' headers resolve."""
+    import os
+
+    from flows.cli import secrets_to_env
+    from flows.train import _public
+    from schemas.config import load_config
+
+    monkeypatch.delenv("COOPFLOW_COMPARATOR_API_KEY", raising=False)
+    out = secrets_to_env(["seed=1", "trainer.comparator_api_key=sk-SECRET1",
+                          'trainer.comparator_api_headers={"X-Org": "org-SECRET2", "X-Id": "env:MY_ID"}'])
+    assert not any("SECRET" in o for o in out), out
+    assert os.environ["COOPFLOW_COMPARATOR_API_KEY"] == "sk-SECRET1"
+    cfg = load_config(None, out + ["trainer.comparator_policy=api", f"trainer.comparator_api_url={server}/h"],
+                      algorithm="madpo-iter")
+    assert cfg.trainer.comparator_api_key_env == "COOPFLOW_COMPARATOR_API_KEY"
+    monkeypatch.setenv("MY_ID", "id-7")
+    headers = APIComparator(server, headers=cfg.trainer.comparator_api_headers, key_env="COOPFLOW_COMPARATOR_API_KEY")._headers()
+    assert headers["X-Org"] == "org-SECRET2" and headers["X-Id"] == "id-7"
+    assert headers["Authorization"] == "Bearer sk-SECRET1"
+    plain = load_config(None, ["trainer.comparator_api_key=sk-SECRET3", 'trainer.comparator_api_headers={"X-Org": "o-SECRET4"}'],
+                        algorithm="madpo-iter")
+    assert "SECRET" not in json.dumps(_public(plain))
+    monkeypatch.delenv("MY_ID")
+    with pytest.raises(ValueError, match=r"comparator_api_headers\['X-Id'\]: environment variable MY_ID is not set"):
+        APIComparator(server, headers={"X-Id": "env:MY_ID"})._headers()

@@ -22,7 +22,9 @@ retried `retries` times.
 
 import json
 import os
+import random
 import socket
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -30,6 +32,8 @@ from dataclasses import dataclass, field
 FORMATS = {"generic": "generic", "openai": "openai", "openai_chat": "openai", "chat": "openai",
            "anthropic": "anthropic", "anthropic_messages": "anthropic", "messages": "anthropic",
            "openai_responses": "responses", "responses": "responses", "codex": "responses"}
+
+_sleep = time.sleep  # the backoff wait (tests record it)
 
 
 @dataclass
@@ -49,6 +53,7 @@ class APIComparator:
     response_field: str = "completions"
     max_n_per_request: int | None = None
     retries: int = 2
+    backoff_s: float = 0.5  # first retry's wait; doubles each retry
 
     def __post_init__(self):
         key = str(self.fmt).lower()
@@ -59,7 +64,14 @@ class APIComparator:
     # --- transport -------------------------------------------------------------------------------
 
     def _headers(self) -> dict:
-        h = {"Content-Type": "application/json", **(self.headers or {})}
+        h = {"Content-Type": "application/json"}
+        for name, value in (self.headers or {}).items():  # 'env:VAR' values come from the environment
+            if isinstance(value, str) and value.startswith("env:"):
+                var = value[4:]
+                if var not in os.environ:
+                    raise ValueError(f"comparator_api_headers[{name!r}]: environment variable {var} is not set")
+                value = os.environ[var]
+            h[name] = value
         key = self.key or (os.environ.get(self.key_env) if self.key_env else None)
         if self.fmt == "anthropic":
             h["anthropic-version"] = "2023-06-01"
@@ -72,7 +84,9 @@ class APIComparator:
     def _post(self, body: dict) -> dict:
         data = json.dumps(body).encode()
         last = None
-        for _ in range(self.retries + 1):
+        for attempt in range(self.retries + 1):
+            if attempt:  # exponential backoff with jitter before a retry: 0.5 s, 1 s, 2 s, ... (at most 30 s)
+                _sleep(min(30.0, self.backoff_s * 2 ** (attempt - 1)) * (0.8 + 0.4 * random.random()))
             req = urllib.request.Request(self.url, data=data, headers=self._headers(), method="POST")
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
