@@ -20,7 +20,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-FLOW_NAMES = ("train-magrpo", "train-magrpo-centralized", "train-mareinforce", "train-marloo", "train-maremax", "train-iac", "train-maac", "train-madpo",
+FLOW_NAMES = ("train-magrpo", "train-magrpo-centralized", "train-mareinforce", "train-marloo", "train-maremax",
+              "train-iac", "train-maac", "train-madpo",
               "train-marlhf", "train-madpo-iter", "train-marlhf-iter")
 ITERATIVE = ("train-madpo-iter", "train-marlhf-iter")
 

@@ -146,11 +146,12 @@ def test_secrets_never_reach_flow_parameters_or_mlflow_params(server, monkeypatc
                       algorithm="madpo-iter")
     assert cfg.trainer.comparator_api_key_env == "COOPFLOW_COMPARATOR_API_KEY"
     monkeypatch.setenv("MY_ID", "id-7")
-    headers = APIComparator(server, headers=cfg.trainer.comparator_api_headers, key_env="COOPFLOW_COMPARATOR_API_KEY")._headers()
+    headers = APIComparator(server, headers=cfg.trainer.comparator_api_headers,
+                            key_env="COOPFLOW_COMPARATOR_API_KEY")._headers()
     assert headers["X-Org"] == "org-SECRET2" and headers["X-Id"] == "id-7"
     assert headers["Authorization"] == "Bearer sk-SECRET1"
-    plain = load_config(None, ["trainer.comparator_api_key=sk-SECRET3", 'trainer.comparator_api_headers={"X-Org": "o-SECRET4"}'],
-                        algorithm="madpo-iter")
+    plain = load_config(None, ["trainer.comparator_api_key=sk-SECRET3",
+                               'trainer.comparator_api_headers={"X-Org": "o-SECRET4"}'], algorithm="madpo-iter")
     assert "SECRET" not in json.dumps(_public(plain))
     monkeypatch.delenv("MY_ID")
     with pytest.raises(ValueError, match=r"comparator_api_headers\['X-Id'\]: environment variable MY_ID is not set"):

@@ -23,7 +23,8 @@ def _cfg(tmp_path, **sections):
     (lambda p: {"reward": {"name": "tests.helpers:no_such_reward"}}, r"has no callable 'no_such_reward'"),
     (lambda p: {"formatters": {"function": "tests.helpers:nope"}}, r"formatters\[0\].function"),
     (lambda p: {"metrics_callback": "nowhere:fn"}, r"metrics_callback 'nowhere:fn'"),
-    (lambda p: {"taskset": {"name": str(p / "missing.jsonl")}}, r"taskset.name: .*missing.jsonl.* nor an existing file"),
+    (lambda p: {"taskset": {"name": str(p / "missing.jsonl")}},
+     r"taskset.name: .*missing.jsonl.* nor an existing file"),
 ])
 def test_unloadable_code_and_missing_files_are_named(tmp_path, make, match):
     with pytest.raises(PreflightError, match=match):
@@ -33,7 +34,8 @@ def test_unloadable_code_and_missing_files_are_named(tmp_path, make, match):
 def test_taskset_contents_are_checked(tmp_path):
     no_prompt = tmp_path / "no_prompt.jsonl"
     no_prompt.write_text('{"text": "a"}\n')
-    with pytest.raises(PreflightError, match=r"taskset.prompt_column 'prompt' not found in .*row 0 \(columns: \['text'\]\)"):
+    with pytest.raises(PreflightError,
+                       match=r"taskset.prompt_column 'prompt' not found in .*row 0 \(columns: \['text'\]\)"):
         preflight(_cfg(tmp_path, taskset={"name": str(no_prompt)}))
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
@@ -64,7 +66,8 @@ def test_a_good_config_passes_and_builds_its_taskset(tmp_path):
 
 def test_cli_refuses_bad_input_in_seconds_with_one_line(tmp_path):
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "run", "train-magrpo", "--config", "configs/magrpo-story.yaml",
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "run", "train-magrpo", "--config",
+                        "configs/magrpo-story.yaml",
                         "--set", f"data_dir={tmp_path / 'data'}", "--set", "reward.name=no_such_module:reward"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr[-2000:]
