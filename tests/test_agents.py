@@ -49,3 +49,29 @@ def test_cross_mode_scores_k_to_the_n_joint_actions(tmp_path):
     cfg = validate_config(small_config(tmp_path, trainer=trainer))
     s = run_direct(cfg)
     assert s["env_steps"] == 4 * 3 ** 2
+
+
+class _Payload:
+    """A pickle that would write a file when unpickled (a crafted checkpoint)."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+def test_a_crafted_pickle_in_a_checkpoint_is_refused(tmp_path):
+    import torch
+
+    from stages.agents.models import load_tensors
+
+    bad = tmp_path / "optimizer.pt"
+    hit = tmp_path / "pwned"
+    torch.save({"state": {}, "param_groups": [], "x": _Payload(str(hit))}, bad)
+    with pytest.raises(ValueError, match="optimizer.pt holds objects other than tensors"):
+        load_tensors(bad)
+    assert not hit.exists()
+    good = tmp_path / "ok.pt"
+    torch.save({"state": {0: {"step": torch.tensor(1.0)}}, "param_groups": [{"lr": 0.1}]}, good)
+    assert load_tensors(good)["param_groups"][0]["lr"] == 0.1

@@ -85,6 +85,18 @@ def resolve_device(spec: str) -> torch.device:
     return torch.device(spec)
 
 
+def load_tensors(path: str | Path, device: str = "cpu"):
+    """A torch-saved state dict (optimizer state) as tensors and plain containers only: `weights_only`, so a
+    crafted pickle in a checkpoint can run no code; refused with the file named."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location=resolve_device(device), weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"{path} holds objects other than tensors and plain containers; refusing to load it "
+                         f"({str(err).splitlines()[0][:200]})") from None
+
+
 def load_agent(source: str | Path, dtype: str = "float32", attn_implementation: str | None = "sdpa",
                device: str = "cpu", tokenizer=None):
     """Load one causal LM and its tokenizer (left padding, pad token ensured); a given `tokenizer` is used
@@ -128,7 +140,7 @@ def load_critic(source: str | Path, lr: float, head_dim: int | None, dtype: str 
     if actor_tokenizer is not None:
         crit.same_vocab = actor_tokenizer.get_vocab() == tok.get_vocab()
     if optimizer_file is not None and Path(optimizer_file).is_file():
-        crit.ensure_optimizer().load_state_dict(torch.load(optimizer_file, map_location=resolve_device(device)))
+        crit.ensure_optimizer().load_state_dict(load_tensors(optimizer_file, device))
     return crit
 
 
@@ -170,7 +182,7 @@ def load_agent_state(source: str | Path, lr: float, dtype: str = "float32", attn
         ref.requires_grad_(False)
         agent.reference = ref
     if optimizer_file is not None and Path(optimizer_file).is_file():
-        agent.ensure_optimizer().load_state_dict(torch.load(optimizer_file, map_location=resolve_device(device)))
+        agent.ensure_optimizer().load_state_dict(load_tensors(optimizer_file, device))
     return agent
 
 
