@@ -243,7 +243,7 @@ class ArtifactStore:
                 continue
             for t in kind_dir.glob(".tmp-*"):
                 pid = _writer_pid(t.name)
-                if pid is not None and _alive(pid):
+                if pid is not None and process_alive(pid):
                     continue
                 if pid is None:
                     try:
@@ -264,7 +264,7 @@ def _writer_pid(name: str) -> int | None:
     return None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether a process with this id runs on this machine (a zombie counts as dead)."""
     try:
         os.kill(pid, 0)

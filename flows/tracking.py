@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from artifacts import ArtifactRef
+from artifacts.store import process_alive
 from artifacts.templates import create_from_template
 
 
@@ -85,6 +86,13 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def owner_tags() -> dict[str, str]:
+    """Which process owns a run: host and pid (a later run of the same key tells a dead owner from a live one)."""
+    import socket
+
+    return {"coopflow.host": socket.gethostname(), "coopflow.pid": str(os.getpid())}
+
+
 class Tracker:
     """A thin MLflow client wrapper; a disabled tracker accepts every call and does nothing."""
 
@@ -110,6 +118,8 @@ class Tracker:
             return None
         if run_id:  # continue an earlier run: its params stay; changed values are recorded as tags
             self.client.update_run(run_id, status="RUNNING")
+            for k, v in owner_tags().items():  # this process owns it now
+                self.client.set_tag(run_id, k, v)
             self.run_id = run_id
             old = self.client.get_run(run_id).data.params
             from mlflow.entities import Param
@@ -120,7 +130,7 @@ class Tracker:
                 self.client.log_batch(run_id, params=fresh[i:i + 100])
             self.tag({f"continued.{k}": f"{old[k]} -> {v}" for k, v in new.items() if k in old and old[k] != v[:6000]})
             return run_id
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags={**tags, **owner_tags()})
         self.run_id = run.info.run_id
         from mlflow.entities import Param
 
@@ -186,6 +196,26 @@ class Tracker:
                 else:
                     p.write_text(json.dumps(payload, indent=1, default=str))
             self.client.log_artifacts(self.run_id, tmp)
+
+    def dead_runs(self, run_key: str) -> list[str]:
+        """Runs of this run key still marked RUNNING whose process is gone (killed on this machine), oldest first."""
+        if not self.enabled:
+            return []
+        runs = self.client.search_runs([self.experiment_id], f"tags.`coopflow.run_key` = '{run_key}' and "
+                                       "attributes.status = 'RUNNING'", order_by=["attributes.start_time ASC"])
+        host = owner_tags()["coopflow.host"]
+        out = []
+        for r in runs:
+            t = r.data.tags
+            pid = t.get("coopflow.pid", "")
+            if t.get("coopflow.host") == host and pid.isdigit() and not process_alive(int(pid)):
+                out.append(r.info.run_id)
+        return out
+
+    def mark_killed(self, run_id: str) -> None:
+        """Close a run whose process died (MLflow's KILLED status)."""
+        if self.enabled:
+            self.client.set_terminated(run_id, status="KILLED")
 
     def finish(self, ok: bool) -> None:
         if self.enabled and self.run_id:

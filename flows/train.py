@@ -158,13 +158,23 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
         prefect_tags = {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": str(flow_run.name)}
     except Exception:  # pragma: no cover - outside a flow run
         prefect_tags = {}
+    resumed = None
     if continue_run:
         _check_continuation(tracker, continue_run, ends)
+    else:  # a run of this key whose process was killed: continue that MLflow run, close any older ones as KILLED
+        dead = tracker.dead_runs(run_key)
+        if dead:
+            resumed = dead[-1]
+            for rid in dead[:-1]:
+                tracker.mark_killed(rid)
     run_id = tracker.start(tr.run_name or f"{algorithm}-{run_key[:8]}",
                            {"coopflow.algorithm": algorithm, "coopflow.run_key": run_key, **prefect_tags},
-                           _public(cfg), run_id=continue_run)
-    if continue_run:
+                           _public(cfg), run_id=continue_run or resumed)
+    if continue_run or resumed:
         tracker.tag({"coopflow.run_key": run_key, **prefect_tags})
+    if resumed:
+        tracker.tag({"coopflow.resumed_after_kill": "true"})
+        logger.info("%s: continuing MLflow run %s, whose process was killed", algorithm, resumed)
     logger.info("%s: %s in %d segment(s), run_key %s, mlflow run %s", algorithm, ctx.plan.budget.describe(),
                 len(ctx.plan.segments), run_key, run_id)
     for w in ctx.plan.warnings:
@@ -185,7 +195,7 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
                                   "never stale; change the seed or config to train anew")
 
             def track_segment(i: int, res: SegmentResult) -> None:
-                if not (continue_run and res.cached):  # a continued run already has those points
+                if not ((continue_run or resumed) and res.cached):  # a continued run already has those points
                     tracker.log_metrics(store.read_rows(res.metrics))
                 tracker.record(f"checkpoint.segment_{i}", res.checkpoint)
 

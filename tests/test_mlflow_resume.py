@@ -1,0 +1,44 @@
+"""A run whose process was killed leaves no MLflow run RUNNING forever: the rerun continues it (issue 20)."""
+
+import subprocess
+import sys
+
+from artifacts import ArtifactStore
+from schemas.config import validate_config
+from stages.loops.context import make_context
+from stages.tasks.taskset import build_taskset
+from tests.conftest import small_config
+
+
+def _dead_pid() -> int:
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+
+
+def test_a_killed_runs_mlflow_run_is_continued_and_older_ones_closed(tmp_path, prefect_harness):
+    from flows.tracking import owner_tags, tracker_for
+    from flows.train import FLOWS
+
+    data = small_config(tmp_path)
+    cfg = validate_config(data, "magrpo")
+    store = ArtifactStore(tmp_path / "artifacts")
+    run_key = make_context(cfg, store, build_taskset(cfg.taskset, store)).run_key
+    tracker = tracker_for(cfg)
+    host = owner_tags()["coopflow.host"]
+    ids = []
+    for pid in (_dead_pid(), _dead_pid()):  # two earlier attempts, both killed (RUNNING forever before)
+        run = tracker.client.create_run(tracker.experiment_id, run_name="killed",
+                                        tags={"coopflow.run_key": run_key, "coopflow.host": host,
+                                              "coopflow.pid": str(pid)})
+        ids.append(run.info.run_id)
+    alive = tracker.client.create_run(tracker.experiment_id, run_name="still running elsewhere",
+                                      tags={"coopflow.run_key": run_key, "coopflow.host": host,
+                                            "coopflow.pid": str(__import__("os").getpid())}).info.run_id
+    out = FLOWS["train-magrpo"](config=data)
+    assert out["mlflow_run_id"] == ids[-1]  # the newest killed attempt is continued
+    get = tracker.client.get_run
+    assert get(ids[-1]).info.status == "FINISHED" and get(ids[-1]).data.tags["coopflow.resumed_after_kill"] == "true"
+    assert get(ids[0]).info.status == "KILLED"
+    assert get(alive).info.status == "RUNNING"  # a live process's run is never taken over
+    again = FLOWS["train-magrpo"](config=data)  # nothing dead any more: a rerun gets a run of its own
+    assert again["mlflow_run_id"] not in ids + [alive]
