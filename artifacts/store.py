@@ -231,6 +231,36 @@ class ArtifactStore:
         shutil.rmtree(trash, ignore_errors=True)
         return True
 
+    def verify_all(self) -> tuple[int, list[tuple[str, str, str]]]:
+        """Check every stored artifact (its record, data file or manifest and every file's sha256): returns
+        (how many were checked, [(kind, key, problem)] for the bad ones)."""
+        checked, bad = 0, []
+        for kind_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            for art in sorted(p for p in kind_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+                checked += 1
+                try:
+                    ref = self.find(kind_dir.name, art.name)
+                    if ref is None:
+                        raise ArtifactError(f"artifact {kind_dir.name}/{art.name} has no record (ref.json): an "
+                                            "incomplete write")
+                    if (art / "data.parquet").is_file() and not (art / "manifest.json").is_file():
+                        self.read_table(ref)
+                    else:
+                        self.open_dir(ref)
+                except ArtifactError as err:
+                    bad.append((kind_dir.name, art.name, str(err)))
+        return checked, bad
+
+    def quarantine(self, kind: str, key: str) -> Path:
+        """Move a bad artifact aside to `<root>/.quarantine/<kind>/<key>-<n>` (kept for inspection, never read
+        again), so the stage that made it recomputes it on the next run."""
+        src = self.path(kind, key)
+        dst_dir = self.root / ".quarantine" / kind
+        dst_dir.mkdir(parents=True, exist_ok=True)
+        dst = dst_dir / f"{key}-{uuid.uuid4().hex[:6]}"
+        os.replace(src, dst)
+        return dst
+
     def clean_temp(self, stale_after_s: float = 3600.0) -> int:
         """Remove temp dirs left by killed processes; returns how many were removed. A temp dir names the process
         writing it: one whose process is still alive (another run's write in progress) is left alone; one without

@@ -67,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
     mi.add_argument("--dir", help="write the HF directory here instead of the data dir's artifact store")
     for x in (ml, mi):
         x.add_argument("--data-dir", help="data dir (default: $COOPFLOW_HOME or ./.coopflow)")
+    vf = sub.add_parser("verify", help="check every artifact of a data dir (records, manifests, sha256 of every file)")
+    vf.add_argument("--data-dir", help="the data dir (default: $COOPFLOW_HOME or ./.coopflow)")
+    vf.add_argument("--quarantine", action="store_true",
+                    help="move bad artifacts to <data_dir>/artifacts/.quarantine so the next run recomputes them")
     sub.add_parser("flows", help="list the flows")
     sub.add_parser("config-reference", help="print the config reference (markdown table) used in README.md")
     return p
@@ -75,13 +79,38 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        from artifacts import ArtifactError
+
         return {"run": _run, "validate": _validate, "tiny-model": _tiny, "serve": _serve,
-                "flows": _flows, "models": _models,
+                "flows": _flows, "models": _models, "verify": _verify,
                 "config-reference": _config_reference}[args.cmd](args)
     except KeyboardInterrupt:
         print("interrupted; completed segments are checkpointed, rerun the same command to resume",
               file=sys.stderr)
         return 130
+    except ArtifactError as err:  # one line, with what to do, instead of a traceback
+        print(f"coopflow: {err}\n(run `coopflow verify --quarantine` to set every bad artifact aside; the next run "
+              "recomputes them)", file=sys.stderr)
+        return 3
+
+
+def _verify(args) -> int:
+    from artifacts import ArtifactStore
+
+    root = Path(args.data_dir or os.environ.get("COOPFLOW_HOME") or ".coopflow").expanduser().resolve()
+    if not (root / "artifacts").is_dir():
+        print(f"coopflow: {root} holds no artifacts (no {root / 'artifacts'})", file=sys.stderr)
+        return 2
+    store = ArtifactStore(root / "artifacts")
+    checked, bad = store.verify_all()
+    for kind, key, problem in bad:
+        line = f"BAD {kind}/{key}: {problem}"
+        if args.quarantine:
+            line += f" -> moved to {store.quarantine(kind, key)}"
+        print(line)
+    print(f"{checked} artifacts checked, {len(bad)} bad" + (" (quarantined: the next run recomputes them)"
+                                                            if bad and args.quarantine else ""))
+    return 1 if bad and not args.quarantine else 0
 
 
 def _load(args, algorithm: str | None):

@@ -356,3 +356,45 @@ def test_new_mlflow_db_is_a_migrated_copy_with_artifacts_under_the_data_dir(tmp_
     # an existing DB is reused as it is: the first run is still there
     again = tracker_for(validate_config({"data_dir": str(tmp_path / "one"), "trainer": {"num_turns": 1}}))
     assert again.client.search_runs([again.experiment_id])[0].info.run_id
+
+
+def test_verify_all_finds_every_bad_artifact_and_quarantine_sets_them_aside(tmp_path):
+    """One pass reports every corrupted or incomplete artifact (not one per rerun); quarantined ones are kept
+    aside and no longer found, so the stage that made them recomputes them."""
+    import json as _json
+
+    store = ArtifactStore(tmp_path / "artifacts")
+    good = store.put_table("metrics", "good", METRICS)
+    bad_table = store.put_table("metrics", "bad", METRICS)
+    (store.location(bad_table) / "data.parquet").write_bytes(b"flipped")
+    d = store.put_json("drift", "d1", {"a": 1})
+    (store.location(d) / "data.json").write_text(_json.dumps({"a": 2}))
+    (store.path("metrics", "half")).mkdir()  # an incomplete write from an older crash (no ref.json)
+    checked, bad = store.verify_all()
+    assert checked == 4 and sorted((k, key) for k, key, _ in bad) == [("drift", "d1"), ("metrics", "bad"),
+                                                                     ("metrics", "half")]
+    for kind, key, _ in bad:
+        moved = store.quarantine(kind, key)
+        assert moved.is_dir() and ".quarantine" in str(moved)
+    assert store.find("metrics", "bad") is None and store.read_rows(good) == METRICS
+    assert store.verify_all() == (1, [])
+
+
+def test_cli_verify_reports_and_quarantines(tmp_path):
+    import subprocess
+    import sys
+
+    store = ArtifactStore(tmp_path / "artifacts")
+    ref = store.put_table("metrics", "bad", METRICS)
+    (store.location(ref) / "data.parquet").write_bytes(b"flipped")
+    repo = Path(__file__).resolve().parents[1]
+
+    def verify(*extra):
+        return subprocess.run([sys.executable, "-m", "flows.cli", "verify", "--data-dir", str(tmp_path), *extra],
+                              cwd=repo, capture_output=True, text=True, timeout=120)
+
+    r = verify()
+    assert r.returncode == 1 and "BAD metrics/bad" in r.stdout and "1 artifacts checked, 1 bad" in r.stdout
+    r = verify("--quarantine")
+    assert r.returncode == 0 and "moved to" in r.stdout
+    assert verify().stdout.strip().endswith("0 artifacts checked, 0 bad")
