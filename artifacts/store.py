@@ -231,6 +231,11 @@ class ArtifactStore:
         shutil.rmtree(trash, ignore_errors=True)
         return True
 
+    def lock(self, name: str) -> "RunLock":
+        """An exclusive lock on `name` among the processes sharing this store (an OS file lock: released when
+        its holder exits or is killed, so a dead holder never blocks anyone)."""
+        return RunLock(self.root / ".locks" / f"{name}.lock")
+
     def verify_all(self) -> tuple[int, list[tuple[str, str, str]]]:
         """Check every stored artifact (its record, data file or manifest and every file's sha256): returns
         (how many were checked, [(kind, key, problem)] for the bad ones)."""
@@ -284,6 +289,33 @@ class ArtifactStore:
                 shutil.rmtree(t, ignore_errors=True)
                 n += 1
         return n
+
+
+class RunLock:
+    """`with store.lock(name) as waited:` holds an exclusive flock; `waited` tells whether another holder had it."""
+
+    def __init__(self, path: Path):
+        self.path, self._f = path, None
+
+    def __enter__(self) -> bool:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a+")
+        try:
+            fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            fcntl.flock(self._f, fcntl.LOCK_EX)  # another process runs this: wait for it (Ctrl-C interrupts)
+            return True
+
+    def __exit__(self, *exc) -> None:
+        import fcntl
+
+        if self._f is not None:
+            fcntl.flock(self._f, fcntl.LOCK_UN)
+            self._f.close()
+            self._f = None
 
 
 def _writer_pid(name: str) -> int | None:

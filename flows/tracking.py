@@ -212,6 +212,15 @@ class Tracker:
                 out.append(r.info.run_id)
         return out
 
+    def finished_run(self, run_key: str, since_ms: int) -> str | None:
+        """The newest run of this run key that finished after `since_ms` (epoch ms), if any."""
+        if not self.enabled:
+            return None
+        runs = self.client.search_runs([self.experiment_id], f"tags.`coopflow.run_key` = '{run_key}' and "
+                                       "attributes.status = 'FINISHED'", order_by=["attributes.end_time DESC"],
+                                       max_results=1)
+        return runs[0].info.run_id if runs and (runs[0].info.end_time or 0) >= since_ms else None
+
     def mark_killed(self, run_id: str) -> None:
         """Close a run whose process died (MLflow's KILLED status)."""
         if self.enabled:

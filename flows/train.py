@@ -23,6 +23,7 @@ cache is off (NO_CACHE): a stale Prefect cache entry could point at a deleted ar
 No `from __future__ import annotations` here: it breaks Prefect's parameter schema for deployments.
 """
 
+import time
 from typing import Any
 
 from prefect import flow, get_run_logger, task
@@ -158,29 +159,37 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
         prefect_tags = {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": str(flow_run.name)}
     except Exception:  # pragma: no cover - outside a flow run
         prefect_tags = {}
-    resumed = None
-    if continue_run:
-        _check_continuation(tracker, continue_run, ends)
-    else:  # a run of this key whose process was killed: continue that MLflow run, close any older ones as KILLED
-        dead = tracker.dead_runs(run_key)
-        if dead:
-            resumed = dead[-1]
-            for rid in dead[:-1]:
-                tracker.mark_killed(rid)
-    run_id = tracker.start(tr.run_name or f"{algorithm}-{run_key[:8]}",
-                           {"coopflow.algorithm": algorithm, "coopflow.run_key": run_key, **prefect_tags},
-                           _public(cfg), run_id=continue_run or resumed)
-    if continue_run or resumed:
-        tracker.tag({"coopflow.run_key": run_key, **prefect_tags})
-    if resumed:
-        tracker.tag({"coopflow.resumed_after_kill": "true"})
-        logger.info("%s: continuing MLflow run %s, whose process was killed", algorithm, resumed)
-    logger.info("%s: %s in %d segment(s), run_key %s, mlflow run %s", algorithm, ctx.plan.budget.describe(),
-                len(ctx.plan.segments), run_key, run_id)
-    for w in ctx.plan.warnings:
-        logger.warning(w)
+    # One run of a run key at a time (two identical runs at once: the second waits, then reuses what the first
+    # stored and continues its MLflow run instead of duplicating both); released in `finally` or by process death.
+    lock = store.lock(f"run-{run_key}")
+    t_wait = int(time.time() * 1000)
+    waited = lock.__enter__()
     ok = False
     try:
+        resumed = tracker.finished_run(run_key, t_wait) if waited and not continue_run else None
+        if resumed:
+            logger.info("%s: an identical run finished while this one waited; reusing its artifacts and MLflow "
+                        "run %s", algorithm, resumed)
+        if continue_run:
+            _check_continuation(tracker, continue_run, ends)
+        elif not resumed:  # a run of this key whose process was killed: continue that MLflow run, close older ones
+            dead = tracker.dead_runs(run_key)
+            if dead:
+                resumed = dead[-1]
+                for rid in dead[:-1]:
+                    tracker.mark_killed(rid)
+        run_id = tracker.start(tr.run_name or f"{algorithm}-{run_key[:8]}",
+                               {"coopflow.algorithm": algorithm, "coopflow.run_key": run_key, **prefect_tags},
+                               _public(cfg), run_id=continue_run or resumed)
+        if continue_run or resumed:
+            tracker.tag({"coopflow.run_key": run_key, **prefect_tags})
+        if resumed and not waited:
+            tracker.tag({"coopflow.resumed_after_kill": "true"})
+            logger.info("%s: continuing MLflow run %s, whose process was killed", algorithm, resumed)
+        logger.info("%s: %s in %d segment(s), run_key %s, mlflow run %s", algorithm, ctx.plan.budget.describe(),
+                    len(ctx.plan.segments), run_key, run_id)
+        for w in ctx.plan.warnings:
+            logger.warning(w)
         tracker.record("taskset", taskset, tag=True)
         tracker.log_dataset(f"taskset-{cfg.taskset.name}", taskset)
         tracker.flush()
@@ -245,6 +254,7 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
     finally:
         ctx.session.close()
         tracker.finish(ok)
+        lock.__exit__(None, None, None)
 
 
 def _check_continuation(tracker: Tracker, run_id: str, ends: list[str]) -> None:
