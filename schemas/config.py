@@ -152,6 +152,8 @@ class RewardConfig(_Strict):
     timeout_s: float | None = Field(
         300.0, gt=0, description="Seconds one reward call may take before the run fails with an error naming the "
                                  "reward (a hung reward never blocks a run forever); null = no limit.")
+    retries: int = Field(0, ge=0, description="Retries of a reward call that raised (for rewards calling flaky "
+                                              "services), after 0.5 s, 1 s, 2 s, ...; a timeout is not retried.")
     reward_range: tuple[float, float] | None = Field(
         None, description="Declared [min, max] of the raw reward; null uses the function's `reward_range` attribute "
                           "(set_reward_range) if any. Used to warn when early termination makes turns unreachable.")

@@ -418,3 +418,29 @@ def test_rewards_that_raise_or_return_junk_are_named():
     with pytest.raises(FloatingPointError, match="returned nan"):
         _score(lambda c1, c2: [float("nan")])
     assert _score(lambda c1, c2: [0.5], timeout=5)[0]["reward"] == 0.5
+
+
+def test_reward_retries_are_opt_in_with_backoff(monkeypatch):
+    import time as _time
+
+    from stages.score.rewards import RewardError
+
+    calls, waits = [], []
+    monkeypatch.setattr(_time, "sleep", waits.append)
+
+    def flaky(c1, c2):
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionError("service busy")
+        return [0.75]
+
+    with pytest.raises(RewardError, match="ConnectionError from reward function .*flaky"):
+        _score(flaky)  # retries off by default: the first failure stops the run
+    calls.clear()
+    from stages.score.rewards import RewardCaller
+    from stages.score.scores import score_rewards
+
+    rows = [{"step": 0, "turn": 0, "node_id": 0, "item_id": 7, "agent": a, "sample": 0, "prompt": "p",
+             "completion_text": "t"} for a in range(2)]
+    out = score_rewards(rows, {7: {"prompt": "p"}}, RewardCaller(flaky, 2, None, retries=2), lambda x: x, "aligned", 0)
+    assert out[0]["reward"] == 0.75 and len(calls) == 3 and waits == [0.5, 1.0]

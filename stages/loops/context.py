@@ -182,7 +182,8 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
     n = len(cfg.actor_sources())
     train = load_items(store, taskset, "train")
     evals = load_items(store, taskset, "eval")
-    task = Reward(RewardCaller(resolve_reward(cfg.reward.name, cfg.reward.kwargs), cfg.agents.n, cfg.reward.timeout_s),
+    task = Reward(RewardCaller(resolve_reward(cfg.reward.name, cfg.reward.kwargs), cfg.agents.n, cfg.reward.timeout_s,
+                               cfg.reward.retries),
                   resolve_processor(cfg.reward.processor),
                   reward_identity(cfg.reward.name, cfg.reward.kwargs, cfg.reward.processor))
     adapter = None

@@ -109,9 +109,10 @@ class RewardCaller:
     """Calls a reward function with the shape its signature asks for (resolved once), each call limited to
     `timeout_s` seconds."""
 
-    def __init__(self, fn: Callable, num_agents: int, timeout_s: float | None = None):
-        self.fn, self.n, self.timeout_s = fn, num_agents, timeout_s
+    def __init__(self, fn: Callable, num_agents: int, timeout_s: float | None = None, retries: int = 0):
+        self.fn, self.n, self.timeout_s, self.retries = fn, num_agents, timeout_s, retries
         self.name = _name(fn)
+
         try:
             params = list(inspect.signature(fn).parameters.values())
         except (TypeError, ValueError):
@@ -124,6 +125,25 @@ class RewardCaller:
                               and p.default is inspect.Parameter.empty)
         self.wants_items = "batch_items" in names or self.varkw
         self.wants_prompts_kw = "prompts" in names or self.varkw
+
+    def _guarded(self, call: Callable):
+        """call() under the timeout, retried `retries` times with backoff when it raises (not when it hangs)."""
+        import logging
+        import time
+
+        for attempt in range(self.retries + 1):
+            try:
+                return call_with_timeout(call, self.timeout_s, f"reward function {self.name}")
+            except RewardError:
+                raise
+            except Exception as err:
+                if attempt == self.retries:
+                    raise
+                wait = min(30.0, 0.5 * 2 ** attempt)
+                logging.getLogger("coopflow.reward").warning("reward function %s raised %s: %s; retry %d of %d in "
+                                                             "%.1f s", self.name, err.__class__.__name__, err,
+                                                             attempt + 1, self.retries, wait)
+                time.sleep(wait)
 
     def _args(self, per_agent: list[list[str]], prompts: list[str]) -> tuple[list, bool]:
         """Positional args and whether prompts went positionally."""
@@ -151,8 +171,7 @@ class RewardCaller:
             except TypeError:
                 return self.fn(*per_agent)
 
-        out = call_with_timeout(call, self.timeout_s, f"reward function {self.name}")
-        return to_floats(out, self.name)
+        return to_floats(self._guarded(call), self.name)
 
     def call_cross(self, per_agent: list[list[str]], items: list[dict]) -> list[float]:
         """Cross mode calls the function directly: only batch_items is detected; a TypeError retries with one
@@ -165,7 +184,7 @@ class RewardCaller:
             except TypeError:
                 return self.fn([c[0] for c in per_agent])
 
-        return to_floats(call_with_timeout(call, self.timeout_s, f"reward function {self.name}"), self.name)
+        return to_floats(self._guarded(call), self.name)
 
 
 def _param_names(fn: Callable) -> set[str]:
