@@ -88,6 +88,9 @@ class AgentsConfig(_Strict):
         "auto", description="How agents sample: 'auto' = coopflow's KV-cache loop for Llama-family models "
                             "(Qwen2/Llama/Mistral; same tokens as generate for the same seed), else "
                             "transformers' generate; 'hf' = always generate.")
+    prompt_overflow: Literal["error", "truncate"] = Field(
+        "error", description="A prompt that leaves no room for max_new_tokens in the model's context: error (naming "
+                             "it) | truncate (keep its last tokens, with a warning).")
     tiny_hidden_size: int = Field(64, ge=8, description="Hidden size of the built-in 'tiny' model.")
     tiny_num_layers: int = Field(2, ge=1, description="Layer count of the built-in 'tiny' model.")
 

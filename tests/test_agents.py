@@ -75,3 +75,23 @@ def test_a_crafted_pickle_in_a_checkpoint_is_refused(tmp_path):
     good = tmp_path / "ok.pt"
     torch.save({"state": {0: {"step": torch.tensor(1.0)}}, "param_groups": [{"lr": 0.1}]}, good)
     assert load_tensors(good)["param_groups"][0]["lr"] == 0.1
+
+
+def test_prompts_beyond_the_context_are_refused_or_truncated(tiny_model_dir, caplog):
+    from stages.agents.models import load_agent
+    from stages.rollout.generate import SamplingConfig, generate_for_agent
+
+    model, tok = load_agent(str(tiny_model_dir))
+    context = model.config.max_position_embeddings
+    long = "write a story about the sea " * (context // 2)
+    assert len(tok(long)["input_ids"]) > context
+    strict = SamplingConfig(1, 8, 1.0, 1.0, 50)
+    with pytest.raises(ValueError, match=r"leave no room for max_new_tokens 8 in the model's context of \d+ tokens"):
+        generate_for_agent(model, tok, ["short one", long], 1, strict, seed=0)
+    lenient = SamplingConfig(1, 8, 1.0, 1.0, 50, prompt_overflow="truncate")
+    with caplog.at_level("WARNING", logger="coopflow.generate"):
+        rows = generate_for_agent(model, tok, ["short one", long], 1, lenient, seed=0)
+    assert len(rows[1][0]) == context - 8 and "cut to their last" in caplog.text
+    assert SamplingConfig(1, 8, 1.0, 1.0, 50).identity() == {"num_generations": 1, "max_new_tokens": 8,
+                                                             "temperature": 1.0, "top_p": 1.0, "top_k": 50,
+                                                             "backend": "auto"}  # older keys stay valid

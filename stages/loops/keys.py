@@ -43,7 +43,7 @@ def update_keys(ctx: "RunContext", policy_key: str, u: Update) -> UpdateKeys:
     cfg, t = ctx.cfg, ctx.cfg.trainer
     items = [ctx.train_items[i] for i in u.item_ids]
     fmt = ctx.formatter_ids()
-    spec = {"policy": policy_key, "items": items_digest(items), "sampling": ctx.sampling.__dict__,
+    spec = {"policy": policy_key, "items": items_digest(items), "sampling": ctx.sampling.identity(),
             "formatters": fmt, "seed": cfg.seed, "update": u.index, "v": STAGE_VERSION,
             "reference_kl": t.reference_kl_enabled}
     if t.num_turns > 1:  # the tree's shape and later prompts depend on these
@@ -76,7 +76,7 @@ def eval_key(ctx: "RunContext", ckpt_key: str) -> str:
     t = ctx.cfg.trainer
     items = ctx.eval_items_used()
     fmt = ctx.formatter_ids()
-    spec = {"checkpoint": ckpt_key, "items": items_digest(items), "sampling": ctx.sampling.__dict__,
+    spec = {"checkpoint": ckpt_key, "items": items_digest(items), "sampling": ctx.sampling.identity(),
             "reward": ctx.eval_reward()[2], "formatters": fmt, "seed": ctx.cfg.seed}
     if t.eval_samples_per_item > 1:
         spec["samples_per_item"] = t.eval_samples_per_item

@@ -58,7 +58,7 @@ def preference_budget(ctx: RunContext) -> budget_mod.Budget:
 def candidates_key(ctx: RunContext) -> str:
     fmt = ctx.formatter_ids()
     return key_for("rollouts", {"candidates": ctx.plan.start_key, "items": items_digest(ctx.train_items),
-                                "sampling": candidate_sampling(ctx.cfg).__dict__, "formatters": fmt,
+                                "sampling": candidate_sampling(ctx.cfg).identity(), "formatters": fmt,
                                 "seed": ctx.cfg.seed, "v": STAGE_VERSION})
 
 

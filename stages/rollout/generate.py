@@ -32,12 +32,21 @@ class SamplingConfig:
     top_p: float
     top_k: int | None
     backend: str = "auto"  # auto: the KV-cache loop (stages/fast_decode.py) where the model supports it; hf: generate
+    prompt_overflow: str = "error"  # a prompt + max_new_tokens beyond the model's context: error | truncate (left)
+
+    def identity(self) -> dict:
+        """What keys depend on (the default overflow policy is left out, so older keys stay valid)."""
+        d = dict(self.__dict__)
+        if d.get("prompt_overflow") == "error":
+            d.pop("prompt_overflow")
+        return d
 
     @classmethod
     def of(cls, cfg, k: int) -> "SamplingConfig":
         """k samples per prompt with a run config's sampling settings and generation backend."""
         t = cfg.trainer
-        return cls(k, t.max_new_tokens, t.temperature, t.top_p, t.top_k, cfg.agents.generation_backend)
+        return cls(k, t.max_new_tokens, t.temperature, t.top_p, t.top_k, cfg.agents.generation_backend,
+                   cfg.agents.prompt_overflow)
 
     def with_k(self, k: int) -> "SamplingConfig":
         """The same settings with k samples per prompt."""
@@ -62,6 +71,33 @@ def trim_completion(row: list[int], eos_id: int | None) -> tuple[list[int], bool
     return row, False
 
 
+def fit_context(tok, prompts: list[str], enc, context: int, sampling: SamplingConfig):
+    """Prompts that leave no room for max_new_tokens in the model's context: an error naming the longest
+    (prompt_overflow 'error'), or each cut to its last tokens with a warning ('truncate')."""
+    import logging
+
+    lengths = enc["attention_mask"].sum(1).tolist()
+    room = context - sampling.max_new_tokens
+    over = [i for i, n in enumerate(lengths) if n > room]
+    if not over:
+        return enc
+    worst = max(over, key=lambda i: lengths[i])
+    if sampling.prompt_overflow != "truncate" or room < 1:
+        raise ValueError(f"{len(over)} prompt(s) leave no room for max_new_tokens {sampling.max_new_tokens} in the "
+                         f"model's context of {context} tokens (the longest, position {worst}, has {lengths[worst]} "
+                         f"tokens: {prompts[worst][:80]!r}...); shorten the prompts, lower trainer.max_new_tokens or "
+                         "set agents.prompt_overflow: truncate (keeps each prompt's last tokens)")
+    logging.getLogger("coopflow.generate").warning(
+        "%d prompt(s) cut to their last %d tokens to fit the model's context of %d (agents.prompt_overflow: "
+        "truncate; the longest had %d)", len(over), room, context, lengths[worst])
+    side = tok.truncation_side
+    tok.truncation_side = "left"
+    try:
+        return tok(prompts, return_tensors="pt", padding=True, truncation=True, max_length=room)
+    finally:
+        tok.truncation_side = side
+
+
 @torch.inference_mode()
 def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: SamplingConfig, seed: int,
                        reference=None):
@@ -73,6 +109,9 @@ def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: Samplin
     if empty:
         raise ValueError(f"empty prompt for item(s) at position {empty}: every agent prompt needs text")
     enc = tok(prompts, return_tensors="pt", padding=True)
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(context, int) and enc["input_ids"].shape[1] + sampling.max_new_tokens > context:
+        enc = fit_context(tok, prompts, enc, context, sampling)
     device = next(model.parameters()).device
     input_ids = enc["input_ids"].repeat_interleave(k, dim=0).to(device)
     attn = enc["attention_mask"].repeat_interleave(k, dim=0).to(device)
