@@ -117,9 +117,9 @@ class Tracker:
         if not self.enabled:
             return None
         if run_id:  # continue an earlier run: its params stay; changed values are recorded as tags
-            self.client.update_run(run_id, status="RUNNING")
+            self._call(self.client.update_run, run_id, status="RUNNING")
             for k, v in owner_tags().items():  # this process owns it now
-                self.client.set_tag(run_id, k, v)
+                self._call(self.client.set_tag, run_id, k, v)
             self.run_id = run_id
             old = self.client.get_run(run_id).data.params
             from mlflow.entities import Param
@@ -127,17 +127,17 @@ class Tracker:
             new = {k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in flatten(params).items()}
             fresh = [Param(k, v[:6000]) for k, v in sorted(new.items()) if k not in old]
             for i in range(0, len(fresh), 100):
-                self.client.log_batch(run_id, params=fresh[i:i + 100])
+                self._call(self.client.log_batch, run_id, params=fresh[i:i + 100])
             self.tag({f"continued.{k}": f"{old[k]} -> {v}" for k, v in new.items() if k in old and old[k] != v[:6000]})
             return run_id
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags={**tags, **owner_tags()})
+        run = self._call(self.client.create_run, self.experiment_id, run_name=run_name, tags={**tags, **owner_tags()})
         self.run_id = run.info.run_id
         from mlflow.entities import Param
 
         items = [Param(k, json.dumps(v) if isinstance(v, (list, dict)) else str(v))
                  for k, v in sorted(flatten(params).items())]
         for i in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=[Param(p.key, p.value[:6000]) for p in items[i:i + 100]])
+            self._call(self.client.log_batch, self.run_id, params=[Param(p.key, p.value[:6000]) for p in items[i:i + 100]])
         return self.run_id
 
     def log_metrics(self, rows: list[dict], flush: bool = True) -> None:
@@ -166,7 +166,7 @@ class Tracker:
         while self._metrics or self._tags:
             ms, self._metrics = self._metrics[:900], self._metrics[900:]
             ts, self._tags = self._tags[:100], self._tags[100:]
-            self.client.log_batch(self.run_id, metrics=ms, tags=ts)
+            self._call(self.client.log_batch, self.run_id, metrics=ms, tags=ts)
 
     def record(self, role: str, ref: ArtifactRef, tag: bool = False) -> None:
         """Remember an artifact for lineage (and tag it when it is a main input/output)."""
@@ -197,6 +197,18 @@ class Tracker:
                     p.write_text(json.dumps(payload, indent=1, default=str))
             self.client.log_artifacts(self.run_id, tmp)
 
+    @staticmethod
+    def _call(fn, *args, **kwargs):
+        """An MLflow write, retried when SQLite reports `database is locked` (other runs writing the same store):
+        up to 8 times after 0.1 s, 0.2 s, ... 12.8 s."""
+        for attempt in range(9):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as err:  # MlflowException / sqlalchemy OperationalError wrap sqlite3's message
+                if "database is locked" not in str(err) or attempt == 8:
+                    raise
+                time.sleep(0.1 * 2 ** attempt)
+
     def dead_runs(self, run_key: str) -> list[str]:
         """Runs of this run key still marked RUNNING whose process is gone (killed on this machine), oldest first."""
         if not self.enabled:
@@ -224,12 +236,12 @@ class Tracker:
     def mark_killed(self, run_id: str) -> None:
         """Close a run whose process died (MLflow's KILLED status)."""
         if self.enabled:
-            self.client.set_terminated(run_id, status="KILLED")
+            self._call(self.client.set_terminated, run_id, status="KILLED")
 
     def finish(self, ok: bool) -> None:
         if self.enabled and self.run_id:
             self.flush()
-            self.client.set_terminated(self.run_id, status="FINISHED" if ok else "FAILED")
+            self._call(self.client.set_terminated, self.run_id, status="FINISHED" if ok else "FAILED")
 
 
 def reward_curve_png(env_steps: list[int], rewards: list[float], title: str) -> bytes:

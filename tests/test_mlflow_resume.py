@@ -42,3 +42,27 @@ def test_a_killed_runs_mlflow_run_is_continued_and_older_ones_closed(tmp_path, p
     assert get(alive).info.status == "RUNNING"  # a live process's run is never taken over
     again = FLOWS["train-magrpo"](config=data)  # nothing dead any more: a rerun gets a run of its own
     assert again["mlflow_run_id"] not in ids + [alive]
+
+
+def test_mlflow_writes_retry_while_the_database_is_locked(tmp_path, monkeypatch):
+    """Concurrent runs on one SQLite tracking store: a write that meets `database is locked` is retried."""
+    import flows.tracking as T
+
+    calls, waits = [], []
+    monkeypatch.setattr(T.time, "sleep", waits.append)
+
+    def flaky(*args, **kwargs):
+        calls.append(args)
+        if len(calls) < 3:
+            raise RuntimeError("(sqlite3.OperationalError) database is locked")
+        return "ok"
+
+    assert T.Tracker._call(flaky, 1) == "ok" and len(calls) == 3 and waits == [0.1, 0.2]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no such table: runs")
+
+    import pytest
+
+    with pytest.raises(RuntimeError, match="no such table"):  # other errors are not retried
+        T.Tracker._call(broken)
