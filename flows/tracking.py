@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from artifacts import ArtifactRef
+from artifacts import ArtifactRef, faults
 from artifacts.store import process_alive
 from artifacts.templates import create_from_template
 
@@ -163,6 +163,7 @@ class Tracker:
         """Send queued metrics and tags (MLflow's batch limits: 1000 metrics, 100 tags per call)."""
         if not self.enabled:
             return
+        faults.hit("mlflow-log")
         while self._metrics or self._tags:
             ms, self._metrics = self._metrics[:900], self._metrics[900:]
             ts, self._tags = self._tags[:100], self._tags[100:]

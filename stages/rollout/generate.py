@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from artifacts import faults
 from stages.agents import decode as fast_decode
 from stages.agents.state import PolicyGroup
 from stages.common.seeds import derive_seed
@@ -172,6 +173,7 @@ def generate_rollouts(policies: PolicyGroup, agent_prompts: list[list[str]], ite
     parents = parents if parents is not None else [(-1, -1)] * len(item_ids)
     outs = policies.run(generate_op, [(agent_prompts[a], k, sampling, derive_seed(seed, step, turn, a))
                                      for a in range(policies.n)])
+    faults.hit("generate")
     rows: list[dict] = []
     for agent, gen in enumerate(outs):
         for j, item_id in enumerate(item_ids):

@@ -17,6 +17,7 @@ from collections import defaultdict
 
 import torch
 
+from artifacts import faults
 from stages.common.seeds import derive_seed
 from stages.agents.logprobs import sequence_logprobs
 from stages.agents.state import AgentState, PolicyGroup
@@ -98,4 +99,5 @@ def update_policies(policies: PolicyGroup, rollouts: list[dict], advantage_rows:
     metrics: dict[str, float] = {}
     for m in policies.run(update_agent, args):
         metrics.update(m)
+    faults.hit("update")
     return metrics
