@@ -138,3 +138,27 @@ def test_mp_worker_errors_surface_with_agent_index(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="agent 0 worker"):
         WorkerPolicies([str(tmp_path / "missing-model")], 1e-3, "float32", "sdpa", ["cpu"])
+
+
+def test_thread_count_changes_no_key_and_no_weight_beyond_float_noise(tmp_path):
+    """The same seed with 1 and 2 torch threads: the same run_key (keys are input-addressed) and the same weights
+    up to float-reduction noise (on the tiny model they are byte-identical here; larger matmuls split across
+    threads may differ in the last bits, see README "Reliability")."""
+    script = ("import sys, torch; torch.set_num_threads(int(sys.argv[2])); sys.path.insert(0, %r)\n"
+              "import tests.conftest\n"
+              "from pathlib import Path\n"
+              "from tests.conftest import small_config\n"
+              "from schemas.config import validate_config\n"
+              "from stages.loops.run import run_direct\n"
+              "print(run_direct(validate_config(small_config(Path(sys.argv[1]))))['checkpoint'])") % str(REPO)
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    ckpts = []
+    for threads in (1, 2):
+        out = subprocess.run([sys.executable, "-c", script, str(tmp_path / f"t{threads}"), str(threads)], cwd=REPO,
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        ckpts.append(Path(out.stdout.strip().splitlines()[-1]))
+    assert ckpts[0].name == ckpts[1].name
+    w1, w2 = _weights(ckpts[0]), _weights(ckpts[1])
+    for k in w1:
+        assert torch.allclose(w1[k], w2[k], atol=1e-5), k
