@@ -156,3 +156,27 @@ def test_secrets_never_reach_flow_parameters_or_mlflow_params(server, monkeypatc
     monkeypatch.delenv("MY_ID")
     with pytest.raises(ValueError, match=r"comparator_api_headers\['X-Id'\]: environment variable MY_ID is not set"):
         APIComparator(server, headers={"X-Id": "env:MY_ID"})._headers()
+
+
+@pytest.mark.slow
+def test_the_key_appears_nowhere_after_a_tracked_run(server, tmp_path, capfd):
+    """An API-comparator round through the Python API with MLflow tracking: the key, given in the config, is in
+    no MLflow table, no artifact file and no output (headers and errors never echo it)."""
+    from coopflow._direct import run_tracked
+    from schemas.config import validate_config
+    from tests.conftest import small_config
+
+    key, header = "sk-NEVER-LOGGED-4711", "hdr-NEVER-LOGGED-0815"
+    cfg = small_config(tmp_path)
+    cfg["trainer"] = {"num_iterations": 1, "max_new_tokens": 8, "preference_num_candidates": 2, "train_batch_size": 4,
+                      "eval_num_samples": 2, "comparator_policy": "api", "comparator_api_url": f"{server}/gen",
+                      "comparator_api_response_field": "data.items", "comparator_api_key": key,
+                      "comparator_api_headers": {"X-Org": header}}
+    cfg["tracking"] = {"tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    run_tracked(validate_config(cfg, "madpo-iter"), show_progress=False)
+    assert SEEN and SEEN[-1]["headers"]["authorization"] == f"Bearer {key}"  # it was used ...
+    out = capfd.readouterr()
+    for secret in (key, header):  # ... and stored nowhere
+        assert secret not in out.out + out.err
+        hits = [p for p in tmp_path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+        assert not hits, hits
