@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict
 
-from artifacts import faults
+from artifacts.faults import hit as fault_point
 from schemas.tables import SCHEMA_VERSION, schema_for
 
 
@@ -209,7 +209,7 @@ class ArtifactStore:
                 digest = sha256_file(tmp / "manifest.json")
             ref = ArtifactRef(kind=kind, key=key, uri=f"{kind}/{key}", sha256=digest, rows=rows)
             (tmp / "ref.json").write_text(ref.model_dump_json(indent=1))
-            faults.hit(f"commit:{kind}")  # (tests: killed with the artifact complete but not yet in place)
+            fault_point(f"commit:{kind}")  # (tests: killed with the artifact complete but not yet in place)
             if final.exists():
                 # A stale incomplete dir (no ref.json) from an older crash, or a concurrent writer won.
                 done = self.find(kind, key)

@@ -110,6 +110,7 @@ def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
 
     cfg = load_config("configs/magrpo-bfcl.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 12,
+        "agents.prompt_overflow": "truncate",  # the tiny model's context (1024) is shorter than these prompts
         "taskset.num_items": 2, "taskset.num_eval_items": 2,
         "formatters": [{"function": "stages.tasks.envs.tooluse:planner_prompt"},
                        {"function": "stages.tasks.envs.tooluse:executor_prompt"}]}, algorithm="magrpo")
