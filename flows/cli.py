@@ -264,6 +264,29 @@ def _tiny(args) -> int:
     return 0
 
 
+WATCHDOG = """
+import os, signal, sys, time
+parent, child = int(sys.argv[1]), int(sys.argv[2])
+while True:
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        break
+    time.sleep(1)
+try:
+    os.kill(child, signal.SIGTERM)
+except ProcessLookupError:
+    pass
+"""
+
+
+def _reap_with_parent(pid: int) -> None:
+    """Stop process `pid` (Prefect's ephemeral server) once this process is gone, also after a `kill -9`
+    (Prefect stops it on a normal exit; a killed CLI used to leave it running)."""
+    subprocess.Popen([sys.executable, "-c", WATCHDOG, str(os.getpid()), str(pid)], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def _boot_ephemeral_server():
     """Without a Prefect API URL, start Prefect's ephemeral server now, in a background thread, so that its
     10-30 s start-up (a uvicorn subprocess; schema migrations on a new data dir) overlaps this process's
@@ -281,7 +304,10 @@ def _boot_ephemeral_server():
 
     def boot() -> None:
         try:
-            SubprocessASGIServer().start()
+            server = SubprocessASGIServer()
+            server.start()
+            if server.server_process is not None:
+                _reap_with_parent(server.server_process.pid)
         except BaseException as err:  # surfaced by the waiter below
             errors.append(err)
 

@@ -96,3 +96,33 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path, algorithm, poin
     clean = _run(clean_cfg, ArtifactStore(tmp_path / "clean" / "artifacts"), False)
     assert Path(resumed["checkpoint"]).name == Path(clean["checkpoint"]).name  # the same run_key
     assert _weights(Path(resumed["checkpoint"])) == _weights(Path(clean["checkpoint"]))  # byte-identical
+
+
+def _servers_of(prefect_home: Path) -> list[int]:
+    """Live uvicorn (Prefect server) processes started with this PREFECT_HOME."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if b"uvicorn" in (proc / "cmdline").read_bytes() and \
+                    f"PREFECT_HOME={prefect_home}".encode() in (proc / "environ").read_bytes():
+                out.append(int(proc.name))
+        except OSError:
+            continue
+    return out
+
+
+def test_a_killed_cli_run_leaves_no_prefect_server_behind(tmp_path):
+    """`coopflow run` SIGKILLed mid-training: the ephemeral Prefect server it started stops too."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
+    env.update(OMP_NUM_THREADS="1", PREFECT_HOME=str(tmp_path / "prefect"), COOPFLOW_FAULT="update@2")
+    with open(tmp_path / "out.log", "w") as log:  # files, not pipes: nothing may keep a pipe open after the kill
+        r = subprocess.run([sys.executable, "-m", "flows.cli", "run", "train-magrpo", "--config",
+                            "configs/magrpo-story.yaml", "--set", f"data_dir={tmp_path / 'data'}"],
+                           cwd=REPO, env=env, stdout=log, stderr=log, timeout=600)
+    assert r.returncode == -signal.SIGKILL, (tmp_path / "out.log").read_text()[-2000:]
+    deadline = time.time() + 20
+    while time.time() < deadline and _servers_of(tmp_path / "prefect"):
+        time.sleep(0.5)
+    assert not _servers_of(tmp_path / "prefect"), "the ephemeral Prefect server outlived the killed CLI"
