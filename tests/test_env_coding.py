@@ -246,7 +246,8 @@ def test_mbpp_taskset_from_a_local_file(tmp_path):
     from stages.tasks.taskset import build_taskset, load_items
 
     f = tmp_path / "mbpp.jsonl"
-    f.write_text("".join(_json.dumps(r) + "\n" for r in MBPP_ROWS * 3))  # 6 rows: every 5th to eval
+    rows = [{**r, "task_id": i} for i, r in enumerate(MBPP_ROWS * 3)]  # 6 rows (unique ids): every 5th to eval
+    f.write_text("".join(_json.dumps(r) + "\n" for r in rows))
     store = ArtifactStore(tmp_path / "artifacts")
     ref = build_taskset(TasksetConfig(name=f"mbpp:{f}"), store)
     train, ev = load_items(store, ref, "train"), load_items(store, ref, "eval")

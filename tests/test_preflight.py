@@ -74,3 +74,10 @@ def test_cli_refuses_bad_input_in_seconds_with_one_line(tmp_path):
     assert r.stderr.strip().splitlines() == [r.stderr.strip()]  # one line, no traceback
     assert "reward 'no_such_module:reward'" in r.stderr
     assert time.perf_counter() - t0 < 60  # before any Prefect server or model (~30 s otherwise)
+
+
+def test_duplicate_item_ids_are_refused(tmp_path):
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text('{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": "y"}\n{"id": "a", "prompt": "z"}\n')
+    with pytest.raises(PreflightError, match=r"duplicate id 'a' in rows 0 and 2"):
+        preflight(_cfg(tmp_path, taskset={"name": str(dup)}))

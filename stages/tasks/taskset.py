@@ -147,6 +147,20 @@ def _prompt(row: dict, cfg: TasksetConfig, where: str) -> str:
     return str(row[cfg.prompt_column])
 
 
+def _unique_ids(rows: list[dict], where: str) -> None:
+    """Rows that carry an id column ('id', 'task_id') must not repeat one (a duplicated item, or two items the
+    reward and the evaluation hooks would mix up)."""
+    for col in ("id", "task_id"):
+        seen: dict = {}
+        for i, row in enumerate(rows):
+            if col not in row or row[col] is None:
+                continue
+            v = str(row[col])
+            if v in seen:
+                raise ValueError(f"{where}: duplicate {col} {row[col]!r} in rows {seen[v]} and {i}")
+            seen[v] = i
+
+
 def taskset_key(cfg: TasksetConfig) -> tuple[str, callable]:
     """The input-addressed key of a taskset and the loader that builds its rows."""
     digest, loader = _source(cfg)
@@ -169,6 +183,7 @@ def build_taskset(cfg: TasksetConfig, store: ArtifactStore) -> ArtifactRef:
         items = splits[name][:limit] if limit else splits[name]
         if not items:
             raise ValueError(f"taskset {cfg.name!r} split {name!r} has no items")
+        _unique_ids(items, f"taskset {cfg.name!r} split {name!r}")
         for i, row in enumerate(items):
             prompt = _prompt(row, cfg, f"{cfg.name} row {i}")
             fields = json.dumps(row, default=str, sort_keys=True)
