@@ -96,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _verify(args) -> int:
     from artifacts import ArtifactStore
+    from flows.env import data_dir
 
-    root = Path(args.data_dir or os.environ.get("COOPFLOW_HOME") or ".coopflow").expanduser().resolve()
+    root = data_dir(args.data_dir)
     if not (root / "artifacts").is_dir():
         print(f"coopflow: {root} holds no artifacts (no {root / 'artifacts'})", file=sys.stderr)
         return 2
@@ -140,19 +141,18 @@ def _check_model_dirs(cfg) -> None:
             except ModelPackageMissing as err:
                 print(f"coopflow: {field}: {err}", file=sys.stderr)
                 raise SystemExit(2) from None
-    if cfg.centralized_adapter is not None:  # an adapter that cannot be loaded fails before Prefect starts too
-        from stages.tasks.centralized import load_adapter
-
-        try:
-            load_adapter(cfg.centralized_adapter, cfg.centralized_adapter_kwargs)
-        except (ValueError, TypeError) as err:
-            print(f"coopflow: centralized_adapter: {err}", file=sys.stderr)
-            raise SystemExit(2) from None
 
 
 def _validate(args) -> int:
     cfg = _load(args, args.algorithm)
     _check_model_dirs(cfg)
+    from stages.loops.preflight import PreflightError, check_user_code
+
+    try:  # the user code the config names must import (what `run` checks first, without touching the data dir)
+        check_user_code(cfg)
+    except PreflightError as err:
+        print(f"coopflow: {err}", file=sys.stderr)
+        return 2
     print(json.dumps(cfg.model_dump(mode="json"), indent=1))
     print("config OK", file=sys.stderr)
     return 0

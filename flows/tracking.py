@@ -201,14 +201,11 @@ class Tracker:
     @staticmethod
     def _call(fn, *args, **kwargs):
         """An MLflow write, retried when SQLite reports `database is locked` (other runs writing the same store):
-        up to 8 times after 0.1 s, 0.2 s, ... 12.8 s."""
-        for attempt in range(9):
-            try:
-                return fn(*args, **kwargs)
-            except Exception as err:  # MlflowException / sqlalchemy OperationalError wrap sqlite3's message
-                if "database is locked" not in str(err) or attempt == 8:
-                    raise
-                time.sleep(0.1 * 2 ** attempt)
+        up to 8 times after 0.1 s, 0.2 s, ... 12.8 s (MlflowException / sqlalchemy's OperationalError carry
+        sqlite3's message)."""
+        from stages.common.retry import with_retries
+
+        return with_retries(lambda: fn(*args, **kwargs), 8, 0.1, lambda err: "database is locked" in str(err))
 
     def dead_runs(self, run_key: str) -> list[str]:
         """Runs of this run key still marked RUNNING whose process is gone (killed on this machine), oldest first."""

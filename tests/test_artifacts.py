@@ -400,29 +400,31 @@ def test_cli_verify_reports_and_quarantines(tmp_path):
     assert verify().stdout.strip().endswith("0 artifacts checked, 0 bad")
 
 
+def _lock_holder(store: ArtifactStore, seconds: float):
+    """A process that takes the store's 'run-k' lock, says 'held', and keeps it for `seconds`."""
+    import subprocess
+    import sys
+
+    script = ("import sys, time; sys.path.insert(0, %r)\n"
+              "from artifacts import ArtifactStore\n"
+              "l = ArtifactStore(%r).lock('run-k'); l.__enter__(); print('held', flush=True); time.sleep(%r)"
+              % (str(Path(__file__).resolve().parents[1]), str(store.root), seconds))
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+
+
 def test_run_lock_serializes_and_a_dead_holder_releases_it(tmp_path):
     """Two runs of one run key: the second waits for the first; a holder killed with SIGKILL releases the lock."""
     import signal
-    import subprocess
-    import sys
     import time
 
     store = ArtifactStore(tmp_path / "artifacts")
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, %r)\n"
-        "from artifacts import ArtifactStore\n"
-        "l = ArtifactStore(%r).lock('run-k'); l.__enter__(); print('held', flush=True); time.sleep(1.5)")
-        % (str(Path(__file__).resolve().parents[1]), str(store.root))], stdout=subprocess.PIPE, text=True)
+    holder = _lock_holder(store, 1.5)
     assert holder.stdout.readline().strip() == "held"
     t0 = time.perf_counter()
     with store.lock("run-k") as waited:
         assert waited and time.perf_counter() - t0 > 0.5  # it waited for the holder to finish
     holder.wait(10)
-    killed = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, %r)\n"
-        "from artifacts import ArtifactStore\n"
-        "l = ArtifactStore(%r).lock('run-k'); l.__enter__(); print('held', flush=True); time.sleep(60)")
-        % (str(Path(__file__).resolve().parents[1]), str(store.root))], stdout=subprocess.PIPE, text=True)
+    killed = _lock_holder(store, 60)
     assert killed.stdout.readline().strip() == "held"
     killed.send_signal(signal.SIGKILL)
     killed.wait(10)

@@ -4,7 +4,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stages.score.rewards import RewardCaller
+from stages.score.rewards import RewardCaller, declared_range
 
 __all__ = ["set_reward_range", "resolve_reward_range", "call_reward_function", "normalize_reward_lengths"]
 
@@ -22,9 +22,7 @@ def set_reward_range(reward_func: Callable, minimum: float, maximum: float) -> C
 
 def resolve_reward_range(reward_func: Callable) -> tuple[float, float] | None:
     """The declared (min, max) of a reward function (also through functools.partial), or None."""
-    rng = getattr(reward_func, "reward_range", None) or getattr(getattr(reward_func, "func", None), "reward_range",
-                                                                 None)
-    return (float(rng[0]), float(rng[1])) if rng is not None else None
+    return declared_range(reward_func)
 
 
 def call_reward_function(reward_func: Callable, prompts: Sequence[str], agent_completions: Sequence[Sequence[str]], *,

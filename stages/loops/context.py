@@ -27,7 +27,7 @@ from stages.loops.plan import (STAGE_VERSION, RunPlan, is_actor_critic, plan_seg
 from stages.loops.session import Session
 from stages.rollout.generate import SamplingConfig
 from stages.rollout.tree import Episode
-from stages.score.rewards import RewardCaller, resolve_processor, resolve_reward, reward_identity
+from stages.score.rewards import RewardCaller, declared_range, resolve_processor, resolve_reward, reward_identity
 from stages.score.scores import joint_combos
 from stages.tasks.centralized import CentralizedReward, JointFormatter, RoleSplitLogger, adapter_identity, load_adapter
 from stages.tasks.formatters import build_formatter, chat_wrapper, role_formatter
@@ -239,7 +239,7 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
 
 def processed_range(fn, declared: tuple | None, processor) -> tuple[float, float] | None:
     """The reward's declared (config, else `fn.reward_range`) range mapped through the processor."""
-    rng = declared or getattr(fn, "reward_range", None) or getattr(getattr(fn, "func", None), "reward_range", None)
+    rng = declared or declared_range(fn)
     if rng is None:
         return None
     ends = [float(processor(float(rng[0]))), float(processor(float(rng[1])))]
@@ -250,9 +250,14 @@ def formatters_for(ctx: RunContext, policies) -> list:
     """Per-agent formatter functions (chat templates need the loaded tokenizers)."""
     toks = policies.tokenizers if policies else [None] * ctx.n
     if ctx.adapter is not None:  # one joint prompt from the role prompts, in the actor's chat template if asked
-        cfg = ctx.cfg
-        roles = [role_formatter(cfg.formatter_for(i)) for i in range(ctx.roles)]
-        chat = cfg.formatter_for(0).chat_template and toks[0] is not None
-        wrap = chat_wrapper(FormatterConfig(chat_template=True), toks[0]) if chat else None
-        return [JointFormatter(ctx.adapter, roles, wrap)]
+        return [JointFormatter(ctx.adapter, *joint_prompt_parts(ctx.cfg, ctx.roles, toks[0]))]
     return [build_formatter(ctx.cfg.formatter_for(i), toks[i]) for i in range(ctx.n)]
+
+
+def joint_prompt_parts(cfg: RunConfig, roles: int, tokenizer) -> tuple[list, object]:
+    """What a centralized adapter folds into one prompt: each role's prompt as plain text (its system prompt above
+    it), and the wrap around the joint prompt: the tokenizer's chat template when formatter 0 asks for one (None
+    without a tokenizer)."""
+    chat = cfg.formatter_for(0).chat_template and tokenizer is not None
+    return ([role_formatter(cfg.formatter_for(i)) for i in range(roles)],
+            chat_wrapper(FormatterConfig(chat_template=True), tokenizer) if chat else None)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from schemas.config import RunConfig
 
-__all__ = ["PreflightError", "preflight"]
+__all__ = ["PreflightError", "preflight", "check_user_code"]
 
 
 class PreflightError(ValueError):
@@ -38,8 +38,15 @@ def _data_dir(cfg: RunConfig) -> Path:
     return d
 
 
+def check_user_code(cfg: RunConfig) -> None:
+    """Every import path the config names must load (PreflightError naming the field otherwise)."""
+    try:
+        _user_code(cfg)
+    except (ValueError, TypeError, ImportError) as err:
+        raise PreflightError(str(err)) from None
+
+
 def _user_code(cfg: RunConfig) -> None:
-    """Every import path the config names must load."""
     from stages.common.user_code import load_callable
     from stages.score.rewards import resolve_processor, resolve_reward
     from stages.tasks.transitions import Transition
@@ -58,7 +65,10 @@ def _user_code(cfg: RunConfig) -> None:
     if cfg.centralized_adapter is not None:
         from stages.tasks.centralized import load_adapter
 
-        load_adapter(cfg.centralized_adapter, cfg.centralized_adapter_kwargs)
+        try:
+            load_adapter(cfg.centralized_adapter, cfg.centralized_adapter_kwargs)
+        except (ValueError, TypeError) as err:
+            raise PreflightError(f"centralized_adapter: {err}") from None
 
 
 def preflight(cfg: RunConfig) -> None:
@@ -67,10 +77,7 @@ def preflight(cfg: RunConfig) -> None:
     from stages.tasks.taskset import build_taskset
 
     d = _data_dir(cfg)
-    try:
-        _user_code(cfg)
-    except (ValueError, TypeError, ImportError) as err:
-        raise PreflightError(str(err)) from None
+    check_user_code(cfg)
     try:
         build_taskset(cfg.taskset, ArtifactStore(d / "artifacts"))
     except (FileNotFoundError, ValueError, KeyError) as err:

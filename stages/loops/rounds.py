@@ -33,7 +33,8 @@ from stages.agents.state import Policies
 from stages.common.seeds import derive_seed
 from stages.evaluate.evaluate import evaluate
 from stages.evaluate.reward_drift import drift_metrics, drift_record
-from stages.loops.context import RunContext, formatters_for, processed_range, resolve_model_sources
+from stages.loops.context import (RunContext, formatters_for, joint_prompt_parts, processed_range,
+                                  resolve_model_sources)
 from stages.loops.run import run_segments
 from stages.loops.segment import acquire_policies, open_checkpoint
 from stages.rollout.generate import SamplingConfig, generate_rollouts
@@ -136,15 +137,11 @@ def coordinated_rows(ctx: RunContext, comp, n: int, seed: int) -> list[dict]:
     API comparator, writes every role."""
     from stages.rollout.coordinator import coordinator_rows
     from stages.tasks.centralized import load_adapter
-    from schemas.config import FormatterConfig
-    from stages.tasks.formatters import chat_wrapper, role_formatter
 
     cfg, t = ctx.cfg, ctx.cfg.trainer
     idx = t.comparator_centralized_agent_index
     adapter = load_adapter(cfg.centralized_adapter, cfg.centralized_adapter_kwargs)
-    roles = [role_formatter(cfg.formatter_for(i)) for i in range(ctx.n)]
-    chat = cfg.formatter_for(0).chat_template and comp is not None
-    wrap = chat_wrapper(FormatterConfig(chat_template=True), comp.tokenizers[idx]) if chat else None
+    roles, wrap = joint_prompt_parts(cfg, ctx.roles, comp.tokenizers[idx] if comp is not None else None)
     api = None
     if comp is None:
         client = _api(ctx)
@@ -404,13 +401,15 @@ def run_rounds(ctx: RunContext, max_new_rounds: int | None = None, run_new_round
 
 def export_round(ctx: RunContext, r: int, res: dict) -> None:
     """Copies of round r where the config asks for them: its pairs as `preference_replay_dir/iteration_XXXX.json`
-    and its policy as `policy_checkpoint_dir/iteration_XXXX/agent_i` (the initial one as `initial/agent_i`)."""
+    and its policy as `policy_checkpoint_dir/iteration_XXXX/agent_i` (the initial one as `initial/agent_i`). Each
+    file or agent dir is written atomically, so one that exists is complete: a rerun's stored rounds are skipped."""
     from pathlib import Path
 
     from artifacts.export import export_json, export_tree
 
     t = ctx.cfg.trainer
-    if t.preference_replay_dir:
+    shard_file = Path(t.preference_replay_dir) / f"iteration_{r:04d}.json" if t.preference_replay_dir else None
+    if shard_file is not None and not shard_file.exists():
         pairs: dict[int, dict] = {}
         for row in sorted(ctx.store.read_rows(res["shard"]), key=lambda x: (x["pair_id"], x["agent"])):
             p = pairs.setdefault(row["pair_id"], {"item_id": row["item_id"], "winner_reward": row["winner_reward"],
@@ -419,14 +418,16 @@ def export_round(ctx: RunContext, r: int, res: dict) -> None:
             p["prompts"].append(row["prompt"])
             p["chosen"].append(row["chosen"])
             p["rejected"].append(row["rejected"])
-        export_json(Path(t.preference_replay_dir) / f"iteration_{r:04d}.json",
-                    {"iteration": r, "num_pairs": len(pairs), "pairs": list(pairs.values())})
-    if t.policy_checkpoint_dir:
-        root = Path(t.policy_checkpoint_dir)
-        if r == 1 and not (root / "initial").exists():
-            for i, src in enumerate(ctx.sources):
-                if Path(src).is_dir():
-                    export_tree(src, root / "initial" / f"agent_{i}")
+        export_json(shard_file, {"iteration": r, "num_pairs": len(pairs), "pairs": list(pairs.values())})
+    if not t.policy_checkpoint_dir:
+        return
+    root = Path(t.policy_checkpoint_dir)
+    if r == 1:
+        for i, src in enumerate(ctx.sources):
+            if Path(src).is_dir() and not (root / "initial" / f"agent_{i}").exists():
+                export_tree(src, root / "initial" / f"agent_{i}")
+    todo = [i for i in range(ctx.n) if not (root / f"iteration_{r:04d}" / f"agent_{i}").exists()]
+    if todo:
         lay = CheckpointLayout(ctx.store.open_dir(res["checkpoint"]))
-        for i in range(ctx.n):
+        for i in todo:
             export_tree(lay.agent(i), root / f"iteration_{r:04d}" / f"agent_{i}")

@@ -55,6 +55,12 @@ def resolve_reward(name: str, kwargs: dict | None = None) -> Callable:
     return fn
 
 
+def declared_range(fn: Callable) -> tuple[float, float] | None:
+    """A reward function's `reward_range` (set_reward_range), also through functools.partial; None if undeclared."""
+    rng = getattr(fn, "reward_range", None) or getattr(getattr(fn, "func", None), "reward_range", None)
+    return (float(rng[0]), float(rng[1])) if rng is not None else None
+
+
 def reward_identity(name: str, kwargs: dict | None = None, processor: str | None = None) -> dict:
     """What a cached score depends on: name, kwargs, processor and the function's source hash."""
     fn = BUILTIN_REWARDS.get(name) or load_callable(name, "reward")
@@ -129,21 +135,16 @@ class RewardCaller:
     def _guarded(self, call: Callable):
         """call() under the timeout, retried `retries` times with backoff when it raises (not when it hangs)."""
         import logging
-        import time
 
-        for attempt in range(self.retries + 1):
-            try:
-                return call_with_timeout(call, self.timeout_s, f"reward function {self.name}")
-            except RewardError:
-                raise
-            except Exception as err:
-                if attempt == self.retries:
-                    raise
-                wait = min(30.0, 0.5 * 2 ** attempt)
-                logging.getLogger("coopflow.reward").warning("reward function %s raised %s: %s; retry %d of %d in "
-                                                             "%.1f s", self.name, err.__class__.__name__, err,
-                                                             attempt + 1, self.retries, wait)
-                time.sleep(wait)
+        from stages.common.retry import with_retries
+
+        def told(err: Exception, attempt: int, wait: float) -> None:
+            logging.getLogger("coopflow.reward").warning("reward function %s raised %s: %s; retry %d of %d in %.1f s",
+                                                         self.name, err.__class__.__name__, err, attempt + 1,
+                                                         self.retries, wait)
+
+        return with_retries(lambda: call_with_timeout(call, self.timeout_s, f"reward function {self.name}"),
+                            self.retries, 0.5, lambda err: not isinstance(err, RewardError), told)
 
     def _args(self, per_agent: list[list[str]], prompts: list[str]) -> tuple[list, bool]:
         """Positional args and whether prompts went positionally."""

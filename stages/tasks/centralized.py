@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from schemas.config import COLLABORATION_ALIASES, GENERATION_ALIASES  # noqa: F401 (re-exported)
+from stages.score.rewards import declared_range
 
 __all__ = ["CentralizedComparatorParseError", "TaggedAdapter", "DelimitedAdapter", "load_adapter", "adapter_identity", "split_roles",
            "JointFormatter", "CentralizedReward", "RoleSplitLogger", "parse_failures", "COLLABORATION_ALIASES",
@@ -185,10 +186,9 @@ class CentralizedReward:
 
     def __init__(self, task_caller, adapter, prompt_of: Callable[[dict], str]):
         self.task, self.adapter, self.prompt_of = task_caller, adapter, prompt_of
-        fn = task_caller.fn
-        rng = getattr(fn, "reward_range", None) or getattr(getattr(fn, "func", None), "reward_range", None)
+        rng = declared_range(task_caller.fn)
         if rng is not None:
-            self.reward_range = tuple(rng)
+            self.reward_range = rng
 
     def __call__(self, completions: list[str], batch_items: list[dict] | None = None) -> list[float]:
         items = batch_items or [{} for _ in completions]
