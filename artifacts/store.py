@@ -10,6 +10,7 @@ place in one step, so a killed process never leaves a half-written artifact that
 An existing artifact is never overwritten.
 """
 
+import errno
 import hashlib
 import json
 import os
@@ -29,6 +30,25 @@ from schemas.tables import SCHEMA_VERSION, schema_for
 
 class ArtifactError(RuntimeError):
     """An artifact is missing, corrupted or does not match its declared schema."""
+
+
+class StoreFullError(ArtifactError):
+    """The disk (or quota) under the store ran out while writing an artifact; nothing stored was changed."""
+
+
+_OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _out_of_space(err: BaseException) -> bool:
+    """A write failed for lack of space (OSError, or a library error wrapping one, e.g. safetensors')."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in _OUT_OF_SPACE:
+            return True
+        text = str(err)
+        if "No space left on device" in text or "Disk quota exceeded" in text or "os error 28" in text:
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 class ArtifactRef(BaseModel):
@@ -219,8 +239,14 @@ class ArtifactStore:
                 shutil.rmtree(final)
             os.replace(tmp, final)
             return ref
-        except BaseException:
+        except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(err, Exception) and _out_of_space(err):
+                free = shutil.disk_usage(self.root).free
+                raise StoreFullError(
+                    f"no space left under {self.root} while writing a {kind} artifact ({free / 2**20:.1f} MiB free "
+                    "now); its partial write was removed and every stored artifact is intact: free some space and "
+                    "rerun the same command to continue from the stored stages") from err
             raise
 
     def remove(self, kind: str, key: str) -> bool:

@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        from artifacts import ArtifactError
+        from artifacts import ArtifactError, StoreFullError
 
         return {"run": _run, "validate": _validate, "tiny-model": _tiny, "serve": _serve,
                 "flows": _flows, "models": _models, "verify": _verify,
@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted; completed segments are checkpointed, rerun the same command to resume",
               file=sys.stderr)
         return 130
+    except StoreFullError as err:  # one line: nothing is corrupted, only space is missing
+        print(f"coopflow: {err}", file=sys.stderr)
+        return 4
     except ArtifactError as err:  # one line, with what to do, instead of a traceback
         print(f"coopflow: {err}\n(run `coopflow verify --quarantine` to set every bad artifact aside; the next run "
               "recomputes them)", file=sys.stderr)

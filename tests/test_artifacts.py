@@ -7,7 +7,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from artifacts.store import ArtifactError, ArtifactRef, ArtifactStore, canonical_json, key_for, sha256_file
+from artifacts.store import (ArtifactError, ArtifactRef, ArtifactStore, StoreFullError, canonical_json, key_for,
+                             sha256_file)
 from schemas.tables import SCHEMA_VERSION, TABLES, schema_for
 
 METRICS = [{"key": "reward/mean", "value": 0.5, "env_step": 8},
@@ -252,6 +253,27 @@ def test_remove(store):
     # the key can be written again with new content
     ref2 = store.put_table("metrics", "k1", METRICS[:1])
     assert store.read_rows(ref2) == METRICS[:1]
+
+
+@pytest.mark.parametrize("failure", [
+    OSError(28, "No space left on device"),
+    RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)"),  # safetensors' words
+    OSError(122, "Disk quota exceeded"),
+])
+def test_a_write_that_runs_out_of_space_says_so_and_leaves_nothing(store, failure):
+    """Out of space mid-write: StoreFullError (an ArtifactError, so never retried) naming the store and the kind;
+    the partial temp dir is removed; other failures pass through unchanged."""
+    def writer(d: Path) -> None:
+        (d / "half.bin").write_bytes(b"x" * 100)
+        raise failure
+
+    with pytest.raises(StoreFullError, match=r"no space left under .* while writing a checkpoint artifact"):
+        store.put_dir("checkpoint", "k1", writer)
+    assert store.find("checkpoint", "k1") is None
+    assert not list(store.root.rglob(".tmp-*"))
+    with pytest.raises(ValueError, match="other"):
+        store.put_dir("checkpoint", "k2", lambda d: (_ for _ in ()).throw(ValueError("other")))
+    assert not list(store.root.rglob(".tmp-*"))
 
 
 def test_clean_temp(store):

@@ -126,3 +126,72 @@ def test_a_killed_cli_run_leaves_no_prefect_server_behind(tmp_path):
     while time.time() < deadline and _servers_of(tmp_path / "prefect"):
         time.sleep(0.5)
     assert not _servers_of(tmp_path / "prefect"), "the ephemeral Prefect server outlived the killed CLI"
+
+
+# --- the same through `coopflow run` (Prefect flows, MLflow tracking, the CLI's own processes) ----------------
+
+def _cli(flow: str, config: dict, data: Path, log: Path, **env: str) -> subprocess.CompletedProcess:
+    """`coopflow run FLOW` on `config` with its data under `data` (output appended to `log`: files, not pipes)."""
+    cfg_file = log.with_name(f"{log.stem}-config.yaml")
+    cfg_file.write_text(json.dumps(config))  # (JSON is YAML)
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("PREFECT_API_URL", "PREFECT_HOME", "MLFLOW_TRACKING_URI", "COOPFLOW_HOME", "COOPFLOW_FAULT")}
+    with open(log, "a") as out:
+        return subprocess.Popen([sys.executable, "-m", "flows.cli", "run", flow, "--config", str(cfg_file),
+                                 "--set", f"data_dir={data}"], cwd=REPO, stdout=out, stderr=out,
+                                env={**clean, "OMP_NUM_THREADS": "1", **env})
+
+
+def _descendants(pid: int) -> set[int]:
+    out, todo = set(), [pid]
+    while todo:
+        kids = set(_children(todo.pop())) - out
+        out |= kids
+        todo += kids
+    return out
+
+
+def _summary(log: Path, field: str) -> str:
+    lines = [ln.split(":", 1)[1].strip() for ln in log.read_text().splitlines() if ln.strip().startswith(f"{field}:")]
+    assert lines, f"no {field} in the output:\n{log.read_text()[-3000:]}"
+    return lines[-1]
+
+
+@pytest.mark.parametrize("flow, algorithm, point", [
+    ("train-magrpo", "magrpo", "prepare@2"),            # while the agents' models are being prepared
+    ("train-magrpo", "magrpo", "mlflow-log@3"),         # during MLflow logging
+    ("train-magrpo", "magrpo-mp", "generate@2"),        # mid-generation, with a worker process per agent
+    ("train-madpo-iter", "madpo-iter", "commit:pairs@2"),  # while writing round 2's replay shard
+])
+def test_kill_9_of_coopflow_run_then_rerun_equals_an_uninterrupted_run(tmp_path, flow, algorithm, point):
+    """SIGKILL of the whole CLI (its flow, MLflow run and workers in one process tree): no process of the tree
+    survives, nothing partial is visible, the rerun finishes one MLflow run with the uninterrupted run's weights."""
+    import mlflow
+    from coopflow._direct import _run
+
+    data = _config(tmp_path / "killed", algorithm)
+    log = tmp_path / "cli.log"
+    proc = _cli(flow, data, tmp_path / "killed", log, COOPFLOW_FAULT=point)
+    tree: set[int] = set()
+    while proc.poll() is None:  # note every process of the tree while it runs (workers, the Prefect server)
+        tree |= _descendants(proc.pid)
+        time.sleep(0.05)
+    assert proc.returncode == -signal.SIGKILL, f"not killed at {point}:\n{log.read_text()[-3000:]}"
+    deadline = time.time() + 30
+    while time.time() < deadline and any(Path(f"/proc/{p}").exists() for p in tree):
+        time.sleep(0.2)
+    assert not [p for p in tree if Path(f"/proc/{p}").exists()], "processes outlived the killed `coopflow run`"
+    store = ArtifactStore(tmp_path / "killed" / "artifacts")
+    assert store.verify_all()[1] == []
+    assert _cli(flow, data, tmp_path / "killed", log).wait(timeout=900) == 0, log.read_text()[-3000:]
+
+    clean = _run(validate_config({**data, "data_dir": str(tmp_path / "clean")}),
+                 ArtifactStore(tmp_path / "clean" / "artifacts"), False)
+    resumed = Path(_summary(log, "checkpoint"))
+    assert resumed.name == Path(clean["checkpoint"]).name  # the same run_key
+    assert _weights(resumed) == _weights(Path(clean["checkpoint"]))  # byte-identical
+    runs = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'killed' / 'mlflow.db'}").search_runs(
+        [e.experiment_id for e in mlflow.MlflowClient(f"sqlite:///{tmp_path / 'killed' / 'mlflow.db'}")
+         .search_experiments()])
+    assert [r.info.status for r in runs if r.info.status != "KILLED"].count("FINISHED") >= 1
+    assert not [r for r in runs if r.info.status == "RUNNING"], "an MLflow run was left RUNNING"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from artifacts import faults
 from stages.agents.checkpoint import CheckpointLayout
 from stages.agents.state import AgentState, CriticState, Policies
 
@@ -166,6 +167,7 @@ def load_agent_state(source: str | Path, lr: float, dtype: str = "float32", attn
     "critic_device", "critic_optimizer_file"} loads this agent's separate critic.
     """
     model, tok = load_agent(source, dtype, attn_implementation, device)
+    faults.hit("prepare")  # (tests: killed while the agents' models are being prepared)
     agent = AgentState(model, tok, lr)
     if ac and ac.get("head"):
         from stages.agents.value_heads import load_head, new_head

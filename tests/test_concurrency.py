@@ -1,0 +1,51 @@
+"""Concurrency (issue 20), through `coopflow run` as users start it: two identical runs on one data dir at once
+train once and log one MLflow run; two different runs at once both finish; the shared store stays intact."""
+
+from pathlib import Path
+
+import pytest
+
+from artifacts import ArtifactStore
+from tests.test_faults import _cli, _config, _summary, _weights
+
+pytestmark = pytest.mark.slow
+
+
+def _mlflow_runs(data: Path) -> list:
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{data / 'mlflow.db'}")
+    return client.search_runs([e.experiment_id for e in client.search_experiments()])
+
+
+def _both(tmp_path: Path, first: dict, second: dict, data: Path) -> tuple[Path, Path]:
+    logs = tmp_path / "a.log", tmp_path / "b.log"
+    procs = [_cli("train-magrpo", cfg, data, log) for cfg, log in zip((first, second), logs)]
+    for proc, log in zip(procs, logs):
+        assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
+    return logs
+
+
+def test_two_identical_runs_at_once_train_once_and_log_one_mlflow_run(tmp_path):
+    data = tmp_path / "data"
+    cfg = _config(data, "magrpo")
+    a, b = _both(tmp_path, cfg, cfg, data)
+    assert _summary(a, "run_key") == _summary(b, "run_key")
+    executed = [_summary(a, "executed"), _summary(b, "executed")]
+    assert "{}" in executed and any("'update'" in e for e in executed), executed  # one trained, one reused it
+    runs = _mlflow_runs(data)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED", [(r.info.run_name, r.info.status) for r in runs]
+    assert ArtifactStore(data / "artifacts").verify_all()[1] == []
+
+
+def test_two_different_runs_at_once_both_finish(tmp_path):
+    data = tmp_path / "data"
+    cfg = _config(data, "magrpo")
+    a, b = _both(tmp_path, cfg, {**cfg, "seed": 1}, data)
+    assert _summary(a, "run_key") != _summary(b, "run_key")
+    for log in (a, b):
+        assert "'update'" in _summary(log, "executed")
+        assert _weights(Path(_summary(log, "checkpoint")))
+    runs = _mlflow_runs(data)
+    assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED"]
+    assert ArtifactStore(data / "artifacts").verify_all()[1] == []
