@@ -23,6 +23,12 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(402, {"error": "pay"})
         if self.path == "/bad":
             return self._send(400, {"error": "nope"})
+        if self.path == "/garbage":  # a proxy's error page with status 200, echoing the request's key
+            data = f"<html>bad gateway {self.headers.get('authorization')}</html>".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            return self.wfile.write(data)
         if self.path == "/slow":
             time.sleep(1.0)
         if self.path == "/flaky" and sum(1 for s in SEEN if s["path"] == "/flaky") == 1:
@@ -88,6 +94,10 @@ def test_errors_402_4xx_timeout_and_retry(server):
     assert "topsecret" not in str(err.value)
     with pytest.raises(ValueError, match="timed out after 0.2 s"):
         _call(APIComparator(f"{server}/slow", timeout=0.2, retries=1))
+    SEEN.clear()
+    with pytest.raises(ValueError, match=r"failed after 3 attempts: a body that is not JSON \('<html>bad") as err:
+        _call(APIComparator(f"{server}/garbage", key="topsecret", retries=2, backoff_s=0.01))
+    assert len(SEEN) == 3 and "topsecret" not in str(err.value)
     SEEN.clear()
     assert _call(APIComparator(f"{server}/flaky", response_field="data.items"), 1) == ["g1-0"]  # 503, then retried
     with pytest.raises(ValueError, match="comparator_api_format"):

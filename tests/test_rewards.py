@@ -1,6 +1,7 @@
 """Built-in reward, CoMLRL 1.4.3's reward-call dispatch and reward processors."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -399,6 +400,27 @@ def test_a_hanging_reward_fails_after_its_timeout_naming_it():
     with pytest.raises(RewardError, match=r"hanging_reward did not return within 0.5 s.*\(item 7, joint action \[0, 0\]\)"):
         _score(hanging_reward, timeout=0.5)
     assert time.perf_counter() - t0 < 5
+
+
+def slow_reward(c1, c2):
+    import time
+
+    time.sleep(1.2)
+    return [0.25]
+
+
+def test_a_slow_reward_says_it_is_still_running_and_finishes(monkeypatch, caplog):
+    """A reward slower than the heartbeat but within its timeout: logged as still running, then scored."""
+    import logging
+
+    import stages.score.rewards as R
+
+    monkeypatch.setattr(R, "HEARTBEAT_S", 0.3)
+    with caplog.at_level(logging.INFO, logger="stages.score.rewards"):
+        assert _score(slow_reward, timeout=5)[0]["reward"] == 0.25
+    beats = [r.getMessage() for r in caplog.records if "still running" in r.getMessage()]
+    assert 2 <= len(beats) <= 4, beats
+    assert re.search(r"slow_reward still running after \d+ s \(limit 5 s", beats[0]), beats
 
 
 def test_rewards_that_raise_or_return_junk_are_named():

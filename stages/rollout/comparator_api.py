@@ -90,7 +90,8 @@ class APIComparator:
             req = urllib.request.Request(self.url, data=data, headers=self._headers(), method="POST")
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return json.loads(resp.read().decode() or "{}")
+                    raw = resp.read().decode(errors="replace")
+                return json.loads(raw or "{}")
             except urllib.error.HTTPError as err:
                 if err.code == 402:
                     raise RuntimeError(f"comparator API {self.url} answered HTTP 402: insufficient balance") from None
@@ -104,8 +105,12 @@ class APIComparator:
                     last = f"timed out after {self.timeout:g} s"
                 else:
                     raise ValueError(f"comparator API {self.url} unreachable: {err.reason}") from None
-            except json.JSONDecodeError:
-                raise ValueError(f"comparator API {self.url} returned a body that is not JSON") from None
+            except json.JSONDecodeError:  # a proxy's error page, a truncated answer: retried like a 5xx
+                snippet = " ".join(raw[:80].split())
+                key = self.key or (os.environ.get(self.key_env) if self.key_env else None)
+                if key:
+                    snippet = snippet.replace(key, "***")
+                last = f"a body that is not JSON ({snippet!r})"
         raise ValueError(f"comparator API {self.url} failed after {self.retries + 1} attempts: {last}")
 
     # --- formats ---------------------------------------------------------------------------------

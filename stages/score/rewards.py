@@ -18,11 +18,16 @@ raw reward (`scale:100`, `clamp:-1:1`, ...), as the reference's `RewardProcessor
 import functools
 import hashlib
 import inspect
+import logging
 import math
+import time
 from collections.abc import Callable
 from typing import Any
 
 from stages.common.user_code import load_callable
+
+log = logging.getLogger(__name__)
+HEARTBEAT_S = 10.0  # a reward call running longer says so this often (a slow reward is not a hung run)
 
 
 # --- built-in rewards ----------------------------------------------------------------------------
@@ -102,7 +107,14 @@ def call_with_timeout(fn: Callable, timeout_s: float | None, what: str):
 
     t = threading.Thread(target=run, name=f"coopflow-{what}", daemon=True)
     t.start()
-    t.join(timeout_s)
+    start = time.monotonic()
+    while True:
+        left = timeout_s - (time.monotonic() - start)
+        t.join(max(0.0, min(HEARTBEAT_S, left)))
+        if not t.is_alive() or left <= HEARTBEAT_S:
+            break
+        log.info("%s still running after %.0f s (limit %g s, reward.timeout_s)", what, time.monotonic() - start,
+                 timeout_s)
     if t.is_alive():
         raise RewardError(f"{what} did not return within {timeout_s:g} s (reward.timeout_s); it may hang or be too "
                           "slow: fix it or raise reward.timeout_s")
@@ -134,12 +146,10 @@ class RewardCaller:
 
     def _guarded(self, call: Callable):
         """call() under the timeout, retried `retries` times with backoff when it raises (not when it hangs)."""
-        import logging
-
         from stages.common.retry import with_retries
 
         def told(err: Exception, attempt: int, wait: float) -> None:
-            logging.getLogger("coopflow.reward").warning("reward function %s raised %s: %s; retry %d of %d in %.1f s",
+            log.warning("reward function %s raised %s: %s; retry %d of %d in %.1f s",
                                                          self.name, err.__class__.__name__, err, attempt + 1,
                                                          self.retries, wait)
 
