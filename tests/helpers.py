@@ -11,6 +11,20 @@ def slow_length_ratio(c1, c2):
     return length_ratio(c1, c2)
 
 
+REWARD_CALLS = {"n": 0}
+
+
+def outage_length_ratio(c1, c2):
+    """length_ratio behind a 'service' that goes down after $TEST_REWARD_DOWN_AFTER calls (until it is unset)."""
+    import os
+
+    REWARD_CALLS["n"] += 1
+    down_after = os.environ.get("TEST_REWARD_DOWN_AFTER")
+    if down_after and REWARD_CALLS["n"] > int(down_after):
+        raise ConnectionError("scoring service unavailable")
+    return length_ratio(c1, c2)
+
+
 def loose_length_ratio(c1, c2):
     """A different reward (ratio 1–1.5 is best) for re-scoring tests."""
     return length_ratio(c1, c2, lo=1.0, hi=1.5)

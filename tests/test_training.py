@@ -119,6 +119,30 @@ def test_kill_and_resume_loses_no_completed_step(tmp_path):
     assert resumed["reward_first"] == clean["reward_first"] and resumed["reward_last"] == clean["reward_last"]
 
 
+def test_a_reward_that_raises_mid_run_fails_it_and_the_rerun_after_the_fix_continues(tmp_path, monkeypatch):
+    """The reward's service goes down at step 3 of 4: the run fails naming the reward, the item and the joint
+    action; once it is back, the same config reuses the stored rollouts and ends with the uninterrupted weights."""
+    from stages.score.rewards import RewardError
+    from tests import helpers
+
+    trainer = {**small_config(tmp_path)["trainer"], "rollout_buffer_size": 1}
+    cfg = small_config(tmp_path / "run", trainer=trainer, reward={"name": "tests.helpers:outage_length_ratio"})
+    helpers.REWARD_CALLS["n"] = 0
+    monkeypatch.setenv("TEST_REWARD_DOWN_AFTER", "4")  # fails after a few steps
+    with pytest.raises(RewardError, match=r"ConnectionError from reward function .*outage_length_ratio on item \S+, "
+                                          r"joint action \[\d+, \d+\]: scoring service unavailable"):
+        run_direct(validate_config(cfg))
+    stored = len([p for p in (tmp_path / "run" / "artifacts" / "rollouts").iterdir() if not p.name.startswith(".")])
+    assert 2 <= stored < 4
+    monkeypatch.delenv("TEST_REWARD_DOWN_AFTER")  # the fix
+    resumed = run_direct(validate_config(cfg))
+    assert resumed["executed"]["generate"] == 4 - stored  # the stored steps' rollouts are reused
+    clean = run_direct(validate_config({**cfg, "data_dir": str(tmp_path / "clean")}))
+    assert Path(resumed["checkpoint"]).name == Path(clean["checkpoint"]).name
+    wr, wc = _weights(Path(resumed["checkpoint"])), _weights(Path(clean["checkpoint"]))
+    assert all(torch.equal(wr[k], wc[k]) for k in wc)
+
+
 def test_mp_workers_match_in_process_training(tmp_path, pinned_threads):
     """parallel_training=mp (one worker process per agent) gives the same samples and weights as in-process."""
     trainer = {**small_config(tmp_path)["trainer"], "num_generations": 2}
