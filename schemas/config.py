@@ -1008,11 +1008,19 @@ def read_config_file(path: str | os.PathLike) -> dict:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {p} is not UTF-8 text (byte {err.start})") from None
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise ConfigError(f"cannot parse config file {p}: {err}") from None
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"cannot parse config file {p}:{err.lineno}:{err.colno}: {err.msg}") from None
+    except yaml.YAMLError as err:  # one line: file:line:column: what the parser expected
+        mark = getattr(err, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        what = " ".join(str(getattr(err, "problem", None) or err).split())
+        raise ConfigError(f"cannot parse config file {p}{where}: {what}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

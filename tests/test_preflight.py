@@ -81,3 +81,32 @@ def test_duplicate_item_ids_are_refused(tmp_path):
     dup.write_text('{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": "y"}\n{"id": "a", "prompt": "z"}\n')
     with pytest.raises(PreflightError, match=r"duplicate id 'a' in rows 0 and 2"):
         preflight(_cfg(tmp_path, taskset={"name": str(dup)}))
+
+
+@pytest.mark.parametrize("setup, args, match", [
+    (lambda p: (p / "bad.yaml").write_text("agents:\n  num_agents: [2\n"), ["--config", "{p}/bad.yaml"],
+     r"cannot parse config file .*bad.yaml:3:1: expected ',' or '\]'"),
+    (lambda p: (p / "bin.yaml").write_bytes(b"agents: \xff\n"), ["--config", "{p}/bin.yaml"],
+     r"config file .*bin.yaml is not UTF-8 text \(byte 8\)"),
+    (None, ["--set", "trainer.nope=1"], r"trainer.nope: Extra inputs are not permitted"),
+    (None, ["--set", "trainer.num_generations=abc"], r"trainer.num_generations: Input should be a valid integer"),
+    (None, ["--set", "trainer.temperature=-1"], r"trainer.temperature: Input should be greater than 0"),
+    (None, ["--set", "agents.agent_model={p}/no-model"], r"agents.agent_model: model directory .*no-model' does not"),
+    (None, ["--set", "transition.name=nowhere:fn"], r"transition 'nowhere:fn': cannot import module 'nowhere'"),
+])
+def test_cli_refuses_bad_configs_with_one_line(tmp_path, setup, args, match):
+    """Malformed / non-UTF-8 YAML, unknown keys, wrong types, out-of-range values, a missing model dir and an
+    unimportable transition (even for a one-turn run): exit 2 with one line, before anything starts."""
+    import re
+
+    if setup:
+        setup(tmp_path)
+    args = [a.format(p=tmp_path) for a in args]
+    if "--config" not in args:
+        args = ["--config", "configs/magrpo-story.yaml", *args]
+    r = subprocess.run([sys.executable, "-m", "flows.cli", "run", "train-magrpo", *args,
+                        "--set", f"data_dir={tmp_path / 'data'}"], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
+    assert re.search(match, r.stderr), r.stderr

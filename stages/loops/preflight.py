@@ -57,7 +57,7 @@ def _user_code(cfg: RunConfig) -> None:
     for i, f in enumerate(fmts):
         if f.function:
             load_callable(f.function, f"formatters[{i}].function")
-    if cfg.transition is not None and cfg.trainer.num_turns > 1:
+    if cfg.transition is not None:  # (checked even for one turn: a wrong path is a mistake either way)
         Transition(cfg.transition.name, cfg.transition.kwargs)
     for field in ("eval_logger", "eval_aggregator", "metrics_callback"):
         if getattr(cfg, field):
