@@ -197,8 +197,8 @@ def config_reference() -> str:
     from pydantic_core import PydanticUndefined
 
     from schemas.config import (AgentsConfig, CriticConfig, FormatterConfig, IACConfig, MAACConfig, MADPOConfig,
-                                MADPOIterConfig, MAGRPOConfig, MARLHFConfig, MARLHFIterConfig, RewardConfig, RunConfig, TasksetConfig, TrackingConfig,
-                                TransitionConfig)
+                                MADPOIterConfig, MAGRPOConfig, MARLHFConfig, MARLHFIterConfig, RayConfig, RewardConfig, RunConfig, TasksetConfig,
+                                TrackingConfig, TransitionConfig)
 
     def show(v) -> str:
         return "`" + json.dumps(v) + "`"
@@ -219,7 +219,8 @@ def config_reference() -> str:
 
     out = ["All flows:", ""] + table(
         [(RunConfig, ""), (AgentsConfig, "agents."), (TasksetConfig, "taskset."), (RewardConfig, "reward."),
-         (FormatterConfig, "formatters[i]."), (TransitionConfig, "transition."), (TrackingConfig, "tracking.")])
+         (FormatterConfig, "formatters[i]."), (TransitionConfig, "transition."), (TrackingConfig, "tracking."),
+         (RayConfig, "ray.")])
     out += ["", "MAGRPO family (`train-magrpo`, `-mareinforce`, `-marloo`, `-maremax`): the `trainer` section is the "
                 "reference's `MAGRPOConfig`:", ""] + table([(MAGRPOConfig, "trainer.")])
     out += ["", "Actor-critic (`train-iac`, `train-maac`): a `critic` section and the reference's `IACConfig` / "

@@ -157,6 +157,15 @@ class RewardConfig(_Strict):
                                  "reward (a hung reward never blocks a run forever); null = no limit.")
     retries: int = Field(0, ge=0, description="Retries of a reward call that raised (for rewards calling flaky "
                                               "services), after 0.5 s, 1 s, 2 s, ...; a timeout is not retried.")
+    workers: int = Field(1, ge=1, description="Reward calls run at once: 1 = serially in this process; N > 1 fans "
+                                              "each scoring stage's calls out to `executor` (scores identical).")
+    executor: Literal["process", "dask", "ray"] = Field(
+        "process", description="Where reward calls run when workers > 1: process (a local pool of N processes; the "
+                               "reward must be importable by name), dask (Dask distributed: executor_address, or a "
+                               "local cluster of N workers) or ray (Ray tasks, N in flight; the `ray` section's "
+                               "cluster).")
+    executor_address: str | None = Field(None, description="Dask scheduler address (tcp://host:8786) for executor "
+                                                           "dask; null = a local cluster started for the run.")
     reward_range: tuple[float, float] | None = Field(
         None, description="Declared [min, max] of the raw reward; null uses the function's `reward_range` attribute "
                           "(set_reward_range) if any. Used to warn when early termination makes turns unreachable.")
@@ -219,10 +228,11 @@ def _override(base: type[BaseModel], name: str, default: Any, description: str |
 
 
 def _parallel_mode(v: str | None) -> str:
-    """none | mp (None/'null' mean none; 'auto' and anything else are refused, as in the reference)."""
+    """none | mp | ray (None/'null' mean none; 'auto' and anything else are refused, as in the reference, which
+    has no 'ray')."""
     v = "none" if v is None or str(v).lower() in ("none", "null") else str(v).lower()
-    if v not in ("none", "mp"):
-        raise ValueError(f"parallel_training must be 'none' or 'mp', got {v!r}")
+    if v not in ("none", "mp", "ray"):
+        raise ValueError(f"parallel_training must be 'none', 'mp' or 'ray', got {v!r}")
     return v
 
 
@@ -238,7 +248,8 @@ class _TrainerBase(_Strict):
     parallel_training: str | None = Field(
         "none", description="none (agents in this process) | mp (one persistent worker process per agent; "
                             "generate and update run concurrently; needs agent_devices, and critic_devices for "
-                            "critic models).")
+                            "critic models) | ray (one Ray actor per agent, placed by Ray on any node of the `ray` "
+                            "section's cluster with its num_cpus/num_gpus_per_agent; coopflow's extension).")
     agent_devices: str | list[str] | None = Field(
         None, description="Device per agent for mp ('cpu', 'cuda:0', ...); a single value is broadcast.")
     num_generations: int = Field(4, ge=1, description="K samples per agent per prompt (the MAGRPO family needs >= 2 "
@@ -476,6 +487,45 @@ class CriticConfig(_Strict):
 # --- pipeline ------------------------------------------------------------------------------------
 
 
+class RayConfig(_Strict):
+    """Ray, for agents as Ray actors (`trainer.parallel_training: ray`) and reward fan-out (`reward.executor: ray`).
+
+    Needs `pip install 'coopflow[ray]'`. Unused unless one of those asks for Ray."""
+
+    address: str | None = Field(None, description="Cluster to join: null = $RAY_ADDRESS when set, else start a local "
+                                                  "Ray instance for the run; 'auto' = the cluster this node belongs "
+                                                  "to; 'ray://head:10001' = a remote cluster through Ray Client.")
+    num_cpus_per_agent: float | list[float] = Field(
+        1.0, description="CPUs each agent's actor reserves (one value, or one per agent); its torch threads = "
+                         "max(1, int(value)).")
+    num_gpus_per_agent: float | list[float] = Field(
+        0.0, description="GPUs each agent's actor reserves (one value, or one per agent); > 0 puts that agent on "
+                         "'cuda' unless agent_devices says otherwise.")
+    local_num_cpus: int | None = Field(None, ge=1, description="CPUs a locally started instance offers (null = all "
+                                                               "of this machine).")
+    object_store_mb: int | None = Field(None, ge=64, description="Object store of a locally started instance, MiB "
+                                                                 "(null = Ray's default, 30 % of memory).")
+
+    @field_validator("num_cpus_per_agent", "num_gpus_per_agent")
+    @classmethod
+    def _nonneg(cls, v):
+        for x in v if isinstance(v, list) else [v]:
+            if x < 0:
+                raise ValueError(f"must be >= 0, got {x}")
+        return v
+
+    def per_agent(self, field: str, n: int) -> list[float]:
+        """`field` (num_cpus_per_agent | num_gpus_per_agent) for each of n agents."""
+        v = getattr(self, field)
+        if not isinstance(v, list):
+            return [float(v)] * n
+        if len(v) == 1:
+            return [float(v[0])] * n
+        if len(v) != n:
+            raise ValueError(f"ray.{field} has {len(v)} entries for {n} agents")
+        return [float(x) for x in v]
+
+
 class TrackingConfig(_Strict):
     """MLflow tracking."""
 
@@ -506,6 +556,8 @@ class RunConfig(_Strict):
     max_sequences: int = Field(2_000_000, ge=0, description="Refuse a run that would generate more sequences than "
                                                             "this (pre-flight budget; 0 = no limit).")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
+    ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster and per-agent resources (used by "
+                                                                  "parallel_training: ray and reward.executor: ray).")
     eval_logger: str | None = Field(
         None, description="Import path of eval_logger(agent_completions_turns, test_cases, entry_points, prompts) "
                           "-> detailed results (the reference's evaluation hook; needs eval_aggregator).")

@@ -165,3 +165,22 @@ def recording_eval_aggregator(detailed, num_turns):
 def last_two_length_ratio(*completions):
     """length_ratio of the last two agents' answers, for any N >= 2 (a varargs reward)."""
     return length_ratio(completions[-2], completions[-1])
+
+
+def sleepy_length_ratio(c1, c2):
+    """length_ratio after 0.1 s (an 'expensive' reward, for fan-out tests)."""
+    time.sleep(0.1)
+    return length_ratio(c1, c2)
+
+
+def stuck_reward(c1, c2):
+    """A reward that never returns in time."""
+    time.sleep(60)
+    return [0.0]
+
+
+def picky_reward(c1, c2):
+    """Raises on one particular joint action (agent 1 wrote 'bad')."""
+    if c2[0] == "bad":
+        raise KeyError("no score for 'bad'")
+    return length_ratio(c1, c2)

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from schemas.config import (AgentsConfig, CriticConfig, FormatterConfig, IACConfig, IACRunConfig, MAACConfig,
-                            MADPOIterConfig, MAGRPOConfig, MARLHFConfig, RewardConfig, RunConfig, TasksetConfig, TrackingConfig, TransitionConfig)
+                            MADPOIterConfig, MAGRPOConfig, MARLHFConfig, RayConfig, RewardConfig, RunConfig, TasksetConfig, TrackingConfig, TransitionConfig)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def test_readme_documents_every_config_field():
     sections = [("", RunConfig), ("", IACRunConfig), ("agents.", AgentsConfig), ("taskset.", TasksetConfig),
                 ("reward.", RewardConfig), ("formatters[i].", FormatterConfig), ("trainer.", MAGRPOConfig),
                 ("trainer.", IACConfig), ("trainer.", MAACConfig), ("transition.", TransitionConfig),
-                ("critic.", CriticConfig), ("tracking.", TrackingConfig), ("trainer.", MARLHFConfig),
+                ("critic.", CriticConfig), ("tracking.", TrackingConfig), ("ray.", RayConfig), ("trainer.", MARLHFConfig),
                 ("trainer.", MADPOIterConfig)]
     missing = [p + f for p, m in sections for f in m.model_fields if f"`{p}{f}`" not in readme]
     assert not missing, f"README config reference lacks {missing}"

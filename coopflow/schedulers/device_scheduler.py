@@ -16,7 +16,7 @@ DeviceSpec = str | torch.device | Sequence[str | torch.device]
 
 
 def normalize_parallel_training(mode: object) -> str:
-    """'none' (also None / 'null') or 'mp'; anything else is a ValueError, as in the trainer configs."""
+    """'none' (also None / 'null'), 'mp' or coopflow's 'ray'; anything else is a ValueError, as in the trainer configs."""
     return _parallel_mode(mode)
 
 

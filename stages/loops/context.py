@@ -27,6 +27,7 @@ from stages.loops.plan import (STAGE_VERSION, RunPlan, is_actor_critic, plan_seg
 from stages.loops.session import Session
 from stages.rollout.generate import SamplingConfig
 from stages.rollout.tree import Episode
+from stages.score.executors import make_executor
 from stages.score.rewards import RewardCaller, declared_range, resolve_processor, resolve_reward, reward_identity
 from stages.score.scores import joint_combos
 from stages.tasks.centralized import CentralizedReward, JointFormatter, RoleSplitLogger, adapter_identity, load_adapter
@@ -186,6 +187,11 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
                                cfg.reward.retries),
                   resolve_processor(cfg.reward.processor),
                   reward_identity(cfg.reward.name, cfg.reward.kwargs, cfg.reward.processor))
+    session = session or Session()
+    task.caller.executor = make_executor(cfg.reward.executor, cfg.reward.workers, cfg.reward.executor_address,
+                                         cfg.ray)  # fan-out of the task reward's calls (None: serial)
+    if task.caller.executor is not None:
+        session.closers.append(task.caller.executor.close)
     adapter = None
     if cfg.centralized:  # the joint actor's reward splits its completion into the roles the task reward scores
         adapter = load_adapter(cfg.centralized_adapter, cfg.centralized_adapter_kwargs)

@@ -52,7 +52,7 @@ def score_or_load(ctx: RunContext, rows: list[dict], by_id: dict[int, dict], key
 
 def _open_policies(ctx: RunContext, sources: list, optimizer_files: list | None, state: dict,
                    checkpoint: CheckpointLayout | None = None):
-    """In-process Policies, or one worker process per agent when parallel_training is 'mp'.
+    """In-process Policies, one worker process per agent ('mp') or one Ray actor per agent ('ray').
 
     `checkpoint`: the checkpoint the sources come from (its critics and optimizer states are loaded too).
     """
@@ -68,6 +68,15 @@ def _open_policies(ctx: RunContext, sources: list, optimizer_files: list | None,
     if t.parallel_training == "mp":
         pol = WorkerPolicies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, devices,
                              optimizer_files, refs, rdev, specs)
+    elif t.parallel_training == "ray":
+        from stages.agents.ray_actors import RayPolicies
+
+        if t.agent_devices is None:  # an actor that reserves a GPU uses it (Ray sets its CUDA_VISIBLE_DEVICES)
+            gpus = ctx.cfg.ray.per_agent("num_gpus_per_agent", ctx.n)
+            devices = ["cuda" if g > 0 else d for g, d in zip(gpus, devices)]
+            rdev = devices if not t.reference_devices else rdev
+        pol = RayPolicies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, devices, ctx.cfg.ray,
+                          optimizer_files, refs, rdev, specs)
     else:
         pol = load_policies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, a.device, optimizer_files,
                             refs, rdev, specs)

@@ -56,11 +56,14 @@ class Session:
     initial: object | None = None  # live policies to start from instead of loading the sources (the Python API's
     #                                in-memory agents: trained in place, as the reference trains its agents) ...
     initial_sources: tuple = ()  # ... by a context whose (resolved) sources are these, i.e. the same weights
+    closers: list = field(default_factory=list)  # what else the run started (reward executors' pools/clusters)
 
     def executed(self) -> dict[str, int]:
         """Stage bodies that ran in this session, by name (what the run summary reports)."""
         return {k: v for k, v in self.calls.items() if v}
 
     def close(self) -> None:
-        """Release the live policies (stops mp worker processes)."""
+        """Release the live policies (stops mp worker processes / Ray actors) and the reward executors."""
         self.live.clear()
+        while self.closers:
+            self.closers.pop()()

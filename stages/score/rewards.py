@@ -130,6 +130,7 @@ class RewardCaller:
     def __init__(self, fn: Callable, num_agents: int, timeout_s: float | None = None, retries: int = 0):
         self.fn, self.n, self.timeout_s, self.retries = fn, num_agents, timeout_s, retries
         self.name = _name(fn)
+        self.executor = None  # stages.score.executors: set to fan calls out (reward.workers > 1)
 
         try:
             params = list(inspect.signature(fn).parameters.values())
@@ -168,34 +169,77 @@ class RewardCaller:
             return [list(per_agent)], False
         return list(per_agent), False
 
-    def __call__(self, per_agent: list[list[str]], prompts: list[str], items: list[dict]) -> list[float]:
-        """Score joint action(s): per_agent[i] is agent i's list of completions (aligned by index)."""
+    def _prepare(self, per_agent: list[list[str]], prompts: list[str], items: list[dict],
+                 cross: bool = False) -> tuple[tuple, dict, tuple]:
+        """(args, kwargs, fallback args) of one call: the reference's dispatch, decided here, run anywhere."""
+        if cross:  # cross mode calls the function directly: only batch_items is detected; the fallback is one
+            #        list of the N strings
+            kw = {"batch_items": items} if "batch_items" in _param_names(self.fn) else {}
+            return tuple(per_agent), kw, ([c[0] for c in per_agent],)
         args, prompts_positional = self._args(per_agent, prompts)
         kw: dict[str, Any] = {}
         if self.wants_items:
             kw["batch_items"] = items
         if self.wants_prompts_kw and not prompts_positional and ("prompts" not in kw):
             kw["prompts"] = prompts
-        def call():
-            try:
-                return self.fn(*args, **kw)
-            except TypeError:
-                return self.fn(*per_agent)
+        return tuple(args), kw, tuple(per_agent)
 
-        return to_floats(self._guarded(call), self.name)
+    def __call__(self, per_agent: list[list[str]], prompts: list[str], items: list[dict]) -> list[float]:
+        """Score joint action(s): per_agent[i] is agent i's list of completions (aligned by index)."""
+        from stages.score.executors import invoke
+
+        args, kw, fallback = self._prepare(per_agent, prompts, items)
+        return to_floats(self._guarded(lambda: invoke(self.fn, args, kw, fallback)), self.name)
 
     def call_cross(self, per_agent: list[list[str]], items: list[dict]) -> list[float]:
         """Cross mode calls the function directly: only batch_items is detected; a TypeError retries with one
         list of the N strings."""
-        kw = {"batch_items": items} if "batch_items" in _param_names(self.fn) else {}
+        from stages.score.executors import invoke
 
-        def call():
+        args, kw, fallback = self._prepare(per_agent, [], items, cross=True)
+        return to_floats(self._guarded(lambda: invoke(self.fn, args, kw, fallback)), self.name)
+
+    def map(self, calls: list[tuple]):
+        """Score many calls `(per_agent, prompts, items, cross)`; yields, in order, each call's floats or a
+        `Failed` holding its error. Serial (and lazy: the caller may stop at the first failure) unless an
+        executor is set (`reward.workers` > 1), which runs them concurrently (scores identical to serial)."""
+        from stages.score.executors import CallTimeout, Failed, picklable
+
+        ex = self.executor
+        if ex is not None and ex.name == "process" and not picklable(self.fn):
+            if not getattr(self, "_told", False):
+                log.warning("reward function %s cannot be sent to worker processes (not importable by name: a lambda "
+                            "or closure?); scoring serially", self.name)
+                self._told = True
+            ex = None
+        if ex is None:
+            for per_agent, prompts, items, cross in calls:
+                try:
+                    yield self.call_cross(per_agent, items) if cross else self(per_agent, prompts, items)
+                except Exception as err:
+                    yield Failed(err)
+            return
+        jobs = [(self.fn, *self._prepare(pa, pr, it, cross)) for pa, pr, it, cross in calls]
+        for call, res in zip(calls, ex.map(jobs, self.timeout_s)):
+            if isinstance(res, Failed) and isinstance(res.error, CallTimeout):
+                yield Failed(RewardError(f"reward function {self.name} did not return within {self.timeout_s:g} s "
+                                         "(reward.timeout_s); it may hang or be too slow: fix it or raise "
+                                         "reward.timeout_s"))
+                return
+            if isinstance(res, Failed) and self.retries:  # opted in: retried here, with backoff
+                per_agent, prompts, items, cross = call
+                try:
+                    yield self.call_cross(per_agent, items) if cross else self(per_agent, prompts, items)
+                except Exception as err:
+                    yield Failed(err)
+                continue
+            if isinstance(res, Failed):
+                yield res
+                continue
             try:
-                return self.fn(*per_agent, **kw)
-            except TypeError:
-                return self.fn([c[0] for c in per_agent])
-
-        return to_floats(self._guarded(call), self.name)
+                yield to_floats(res, self.name)
+            except Exception as err:
+                yield Failed(err)
 
 
 def _param_names(fn: Callable) -> set[str]:

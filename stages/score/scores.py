@@ -17,6 +17,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 
+from stages.score.executors import Failed
 from stages.score.rewards import RewardCaller, RewardError
 
 
@@ -41,8 +42,8 @@ def score_rewards(rollouts: list[dict], items: dict[int, dict], caller: RewardCa
         if r["agent"] == 0 or node not in meta:
             meta[node] = (r["item_id"], r.get("prompt"))
     n = caller.n
-    out: list[dict] = []
-    env_step = env_step_base
+    jobs, calls = [], []
+    cross = joint_mode == "cross" and n > 1
     for node in sorted(texts):
         step, turn, node_id = node
         item_id, prompt = meta[node]
@@ -50,28 +51,40 @@ def score_rewards(rollouts: list[dict], items: dict[int, dict], caller: RewardCa
         prompt = item.get("prompt", "") if prompt is None else prompt
         k = 1 + max(s for (_, s) in texts[node])
         for j, combo in enumerate(joint_combos(k, n, joint_mode)):
-            per_agent = [[texts[node][(a, combo[a])]] for a in range(n)]
-            try:
-                if joint_mode == "cross" and n > 1:
-                    vals = caller.call_cross(per_agent, [item])
-                else:
-                    vals = caller(per_agent, [prompt], [item])
-            except RewardError as err:  # it names the reward already: add where
+            jobs.append((node, item_id, j, combo))
+            calls.append(([[texts[node][(a, combo[a])]] for a in range(n)], [prompt], [item], cross))
+    out: list[dict] = []
+    env_step = env_step_base
+    for ((step, turn, node_id), item_id, j, combo), vals in zip(jobs, _results(caller, calls)):
+        if isinstance(vals, Failed):
+            err = vals.error
+            if isinstance(err, RewardError):  # it names the reward already: add where
                 raise RewardError(f"{err} (item {item_id}, joint action {list(combo)})") from err
-            except Exception as err:  # name the reward, the item and the joint action
-                raise RewardError(f"{err.__class__.__name__} from reward function {getattr(caller, 'name', '?')} "
-                                  f"on item {item_id}, joint action {list(combo)}: {err}") from err
-            if len(vals) != 1:
-                raise RewardError(f"reward function {getattr(caller, 'name', '?')} returned {len(vals)} values for one "
-                                  f"joint action (item {item_id}, joint action {list(combo)}); expected 1")
-            raw = vals[0]
-            if not math.isfinite(raw):
-                raise FloatingPointError(f"reward function returned {raw} for item {item_id}, joint action {combo}")
-            env_step += 1
-            out.append({"step": step, "item_id": item_id, "turn": turn, "node_id": node_id, "joint_idx": j,
-                        "combo": list(combo), "reward_raw": raw, "reward": float(processor(raw)),
-                        "env_step": env_step, "agent_rewards": []})
+            raise RewardError(f"{err.__class__.__name__} from reward function {getattr(caller, 'name', '?')} "
+                              f"on item {item_id}, joint action {list(combo)}: {err}") from err
+        if len(vals) != 1:
+            raise RewardError(f"reward function {getattr(caller, 'name', '?')} returned {len(vals)} values for one "
+                              f"joint action (item {item_id}, joint action {list(combo)}); expected 1")
+        raw = vals[0]
+        if not math.isfinite(raw):
+            raise FloatingPointError(f"reward function returned {raw} for item {item_id}, joint action {combo}")
+        env_step += 1
+        out.append({"step": step, "item_id": item_id, "turn": turn, "node_id": node_id, "joint_idx": j,
+                    "combo": list(combo), "reward_raw": raw, "reward": float(processor(raw)),
+                    "env_step": env_step, "agent_rewards": []})
     return out
+
+
+def _results(caller, calls: list[tuple]):
+    """Each call's floats or Failed, in order: through the caller's fan-out when it has one."""
+    if hasattr(caller, "map"):
+        yield from caller.map(calls)
+        return
+    for per_agent, prompts, items, cross in calls:
+        try:
+            yield caller.call_cross(per_agent, items) if cross else caller(per_agent, prompts, items)
+        except Exception as err:
+            yield Failed(err)
 
 
 def score_nodes(rollouts: list[dict], items: dict[int, dict], caller: RewardCaller,
@@ -91,12 +104,17 @@ def score_nodes(rollouts: list[dict], items: dict[int, dict], caller: RewardCall
         prompts[node][r["agent"]] = r["prompt"]
         item_of[node] = r["item_id"]
     n, out, env_step = caller.n, [], env_step_base
-    for node in sorted(texts):
-        step, turn, node_id = node
-        item = (node_items or {}).get(node_id) or items[item_of[node]]
+    nodes, calls = sorted(texts), []
+    for node in nodes:
+        item = (node_items or {}).get(node[2]) or items[item_of[node]]
         k = 1 + max(s for (_, s) in texts[node])
-        per_agent = [[texts[node][(a, j)] for j in range(k)] for a in range(n)]
-        raw = caller(per_agent, [prompts[node][a] for a in range(n)], [item])
+        calls.append(([[texts[node][(a, j)] for j in range(k)] for a in range(n)],
+                      [prompts[node][a] for a in range(n)], [item], False))
+    for node, (per_agent, _, _, _), raw in zip(nodes, calls, _results(caller, calls)):
+        if isinstance(raw, Failed):
+            raise raw.error
+        step, turn, node_id = node
+        k = len(per_agent[0])
         bad = [v for v in raw if not math.isfinite(v)]
         if bad:
             raise FloatingPointError(f"reward function returned {bad[0]} for item {item_of[node]}")

@@ -1,0 +1,175 @@
+"""Agents as Ray actors (`parallel_training: ray`): the `mp` workers' interface, placed by Ray on any node.
+
+Each agent (with its frozen reference model and its own critic, when the run has them) lives in one
+Ray actor that reserves the agent's `ray.num_cpus_per_agent` / `ray.num_gpus_per_agent`; Ray places
+the actors on whatever nodes of the cluster have those resources. The main process sends every
+agent the same per-agent op at once (`op(agent, *args)`, as for `stages.agents.workers`) and
+collects the results **in agent order**, so results never depend on which actor finishes first.
+An actor's torch threads are its CPU reservation (at least 1), so a run's samples and weights equal
+the `mp` mode's for the same seed and thread count.
+
+The cluster: `ray.address` (or $RAY_ADDRESS) joins an existing one; otherwise a local Ray instance
+is started for the run (`ray.local_num_cpus`, `ray.object_store_mb`). Model sources and checkpoint
+paths are file paths: on a multi-node cluster they must be on storage every node sees (the same
+shared data dir the work-pool setup uses), and coopflow must be installed on every node.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+_LOCK = threading.Lock()
+_STARTED_HERE = False
+
+
+def ensure_ray(settings=None):
+    """`ray`, initialised once per process: joined to `settings.address` ($RAY_ADDRESS) or a local instance."""
+    global _STARTED_HERE
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("parallel_training / reward.executor 'ray' needs Ray: pip install 'coopflow[ray]'") from None
+    with _LOCK:
+        if ray.is_initialized():
+            return ray
+        address = getattr(settings, "address", None) or os.environ.get("RAY_ADDRESS") or None
+        kwargs: dict = {"include_dashboard": False, "log_to_driver": True, "logging_level": "WARNING",
+                        "configure_logging": True}
+        # workers import coopflow's packages by name: make this checkout importable on this node's workers
+        root = str(Path(__file__).resolve().parents[2])
+        kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(
+            p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}}
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private instance on this machine's loopback
+            if getattr(settings, "local_num_cpus", None):
+                kwargs["num_cpus"] = settings.local_num_cpus
+            if getattr(settings, "object_store_mb", None):
+                kwargs["object_store_memory"] = settings.object_store_mb * 2 ** 20
+            ray.init(**kwargs)
+            _STARTED_HERE = True
+        return ray
+
+
+def shutdown_ray() -> None:
+    """Stop the Ray instance this process started (a joined cluster is only disconnected)."""
+    global _STARTED_HERE
+    try:
+        import ray
+    except ImportError:
+        return
+    with _LOCK:
+        if ray.is_initialized():
+            ray.shutdown()
+        _STARTED_HERE = False
+
+
+class AgentActor:
+    """One agent inside a Ray actor: loads it on construction, then runs per-agent ops on it."""
+
+    def __init__(self, threads: int, load_args: tuple):
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+        from stages.agents.models import load_agent_state
+
+        source, lr, dtype, attn, device, optimizer_file, reference_source, reference_device, ac = load_args
+        self.agent = load_agent_state(source, lr, dtype, attn, device,
+                                      Path(optimizer_file) if optimizer_file else None, reference_source,
+                                      reference_device, ac)
+
+    def ready(self) -> str:
+        """The node this actor runs on (start-up errors surface when this is awaited)."""
+        import socket
+
+        return socket.gethostname()
+
+    def run(self, op, args: tuple):
+        return op(self.agent, *args)
+
+
+class RayPolicies:
+    """A `PolicyGroup` (see `stages.agents.state`) with one Ray actor per agent."""
+
+    def __init__(self, sources: list[str | Path], lr: float, dtype: str, attn: str | None, devices: list[str],
+                 settings, optimizer_files: list[Path | None] | None = None,
+                 reference_sources: list[str] | None = None, reference_devices: list[str] | None = None,
+                 ac: list[dict | None] | None = None):
+        ray = ensure_ray(settings)
+        n = len(sources)
+        cpus = settings.per_agent("num_cpus_per_agent", n)
+        gpus = settings.per_agent("num_gpus_per_agent", n)
+        opts = optimizer_files or [None] * n
+        refs = reference_sources or [None] * n
+        rdev = reference_devices or [None] * n
+        acs = ac or [None] * n
+        remote = ray.remote(AgentActor)
+        self.state: dict = {}
+        self.critic = None  # MAAC's central critic lives in the main process
+        self._sources = [str(s) for s in sources]
+        self._tokenizers = None
+        self._actors = []
+        for i in range(n):
+            args = (str(sources[i]), lr, dtype, attn, devices[i], str(opts[i]) if opts[i] else None,
+                    str(refs[i]) if refs[i] else None, rdev[i], acs[i])
+            self._actors.append(remote.options(num_cpus=cpus[i], num_gpus=gpus[i], name=None,
+                                               max_restarts=0).remote(int(cpus[i]), args))
+        try:
+            self.nodes = self._gather([a.ready.remote() for a in self._actors])
+        except BaseException:
+            self.close()
+            raise
+
+    def _gather(self, refs: list) -> list:
+        """Results in agent order; the first failing agent's error is raised naming the agent."""
+        import ray
+
+        results, error = [], None
+        for i, ref in enumerate(refs):
+            try:
+                results.append(ray.get(ref))
+            except ray.exceptions.RayTaskError as err:
+                results.append(None)
+                cause = err.cause if isinstance(getattr(err, "cause", None), BaseException) else err
+                error = error or (i, cause)
+            except ray.exceptions.RayActorError as err:
+                results.append(None)
+                error = error or (i, RuntimeError(f"actor died: {err}"))
+        if error is not None:
+            i, cause = error
+            cls = type(cause) if isinstance(cause, (FloatingPointError, ValueError, TypeError,
+                                                    FileNotFoundError)) else RuntimeError
+            raise cls(f"agent {i} actor: {type(cause).__name__}: {cause}") from cause
+        return results
+
+    @property
+    def n(self) -> int:
+        return len(self._actors)
+
+    @property
+    def tokenizers(self) -> list:
+        if self._tokenizers is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizers = [AutoTokenizer.from_pretrained(s) for s in self._sources]
+        return self._tokenizers
+
+    def run(self, op, per_agent_args: list[tuple]) -> list:
+        """Send the per-agent op `op(agent, *args)` to every actor at once; results in agent order."""
+        return self._gather([a.run.remote(op, args) for a, args in zip(self._actors, per_agent_args)])
+
+    def close(self) -> None:
+        """Stop the actors (the cluster stays up for the rest of the run)."""
+        try:
+            import ray
+        except ImportError:
+            return
+        for a in self._actors:
+            try:
+                ray.kill(a)
+            except Exception:
+                pass
+        self._actors = []
