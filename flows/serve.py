@@ -32,6 +32,27 @@ def deployments(name: str = "local", cron: str | None = None, interval: float | 
     return out
 
 
+def deploy_all(pool: str, name: str = "pool", cron: str | None = None, interval: float | None = None,
+               config_path: str | None = None, source: str | None = None) -> list[str]:
+    """Register one deployment per flow on the work pool `pool` (Prefect `deploy`): workers started with
+    `prefect worker start --pool <pool>` on any machine run them from `source` (this checkout by default, which
+    must exist at the same path there, e.g. shared storage; or a git URL). Returns the deployment names."""
+    from pathlib import Path
+
+    from prefect import Flow
+
+    src = source or str(Path(__file__).resolve().parents[1])
+    out = []
+    for dep in deployments(name, cron, interval, config_path):
+        fn = FLOWS[dep.flow_name].fn.__name__
+        flow = Flow.from_source(source=src, entrypoint=f"flows/train.py:{fn}")
+        kw = {"cron": cron} if cron else {"interval": timedelta(seconds=interval)} if interval else {}
+        flow.deploy(name=name, work_pool_name=pool, parameters=dep.parameters, tags=["coopflow"],
+                    print_next_steps=False, **kw)
+        out.append(f"{dep.flow_name}/{name}")
+    return out
+
+
 def serve_all(name: str = "local", cron: str | None = None, interval: float | None = None,
               config_path: str | None = None) -> None:
     """Block serving the deployments until interrupted."""

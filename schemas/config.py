@@ -43,6 +43,30 @@ GENERATION_ALIASES = {**COLLABORATION_ALIASES, "centralized_sequential": "centra
 """comparator_generation_mode spellings, mapped to decentralized | centralized | centralized_sequential."""
 
 
+def store_path(value: str, what: str = "data_dir") -> str:
+    """A data dir given as a path or a `file://` URI, as a path. Other schemes are refused: the store commits by an
+    atomic rename, which object storage (s3://, gs://, ...) does not have (see README, "Scale out")."""
+    if "://" not in value:
+        return value
+    from urllib.parse import unquote, urlparse
+
+    u = urlparse(value)
+    if u.scheme != "file":
+        raise ValueError(f"{what} {value!r}: a {u.scheme}:// store is not supported (artifacts commit by an atomic "
+                         "rename, which object storage lacks): use a local path, a file:// URI or a shared POSIX "
+                         "filesystem mounted at the same path on every machine (NFS, Lustre, CephFS, ...)")
+    if u.netloc not in ("", "localhost"):
+        raise ValueError(f"{what} {value!r}: a file:// URI names this machine's files (file:///path); mount "
+                         f"{u.netloc}'s share locally instead")
+    return unquote(u.path)
+
+
+def data_dir_path(value: str | None) -> Path:
+    """The data dir: `value` > $COOPFLOW_HOME > ./.coopflow (paths or file:// URIs), absolute."""
+    raw = value or os.environ.get("COOPFLOW_HOME") or ".coopflow"
+    return Path(store_path(raw, "data_dir" if value else "COOPFLOW_HOME")).expanduser().resolve()
+
+
 def is_local_model_path(src: str) -> bool:
     """A model source that can only be a local directory ('./x', '/x', '~/x', 'a/b/c'; not 'tiny' or 'org/name')."""
     return src.startswith((".", "/", "~")) or src.count("/") > 1
@@ -551,7 +575,8 @@ class RunConfig(_Strict):
     transition: TransitionConfig | None = Field(
         None, description="Multi-turn transition (required when trainer.num_turns > 1); null for single-turn runs.")
     seed: int = Field(0, description="Seed of generation sampling, minibatch shuffles and the tiny model.")
-    data_dir: str | None = Field(None, description="Data directory; null = $COOPFLOW_HOME or ./.coopflow.")
+    data_dir: str | None = Field(None, description="Data directory (a path or a file:// URI); null = $COOPFLOW_HOME "
+                                                   "or ./.coopflow.")
     checkpoint_every: int = Field(0, ge=0, description="Write a checkpoint every this many updates (0 = once per epoch).")
     max_sequences: int = Field(2_000_000, ge=0, description="Refuse a run that would generate more sequences than "
                                                             "this (pre-flight budget; 0 = no limit).")
@@ -643,7 +668,12 @@ class RunConfig(_Strict):
 
     def resolved_data_dir(self) -> Path:
         """Where artifacts, MLflow and Prefect state live."""
-        return Path(self.data_dir or os.environ.get("COOPFLOW_HOME") or ".coopflow").expanduser().resolve()
+        return data_dir_path(self.data_dir)
+
+    @field_validator("data_dir")
+    @classmethod
+    def _store(cls, v: str | None) -> str | None:
+        return None if v is None else store_path(v)
 
 
 class IACRunConfig(RunConfig):

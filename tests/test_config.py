@@ -439,3 +439,16 @@ def test_rl_trainer_fields_resolves_aliases():
 
     t = MARLHFConfig(rl_algorithm="mareforce")
     assert rl_trainer_fields(t, "mareforce") == rl_trainer_fields(t, "mareinforce") == rl_trainer_fields(t, "magrpo")
+
+
+def test_data_dir_accepts_file_uris_and_refuses_object_storage(tmp_path, monkeypatch):
+    from schemas.config import data_dir_path
+
+    cfg = validate_config({**_cfg(), "data_dir": f"file://{tmp_path}/with%20space"})
+    assert cfg.resolved_data_dir() == tmp_path / "with space"
+    monkeypatch.setenv("COOPFLOW_HOME", f"file://{tmp_path}/home")
+    assert data_dir_path(None) == tmp_path / "home"
+    with pytest.raises(ConfigError, match=r"data_dir 's3://bucket/runs': a s3:// store is not supported .*atomic"):
+        validate_config({**_cfg(), "data_dir": "s3://bucket/runs"})
+    with pytest.raises(ConfigError, match=r"file:///path"):
+        validate_config({**_cfg(), "data_dir": "file://otherhost/share"})
