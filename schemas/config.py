@@ -93,6 +93,17 @@ class _Strict(BaseModel):
 # --- agents --------------------------------------------------------------------------------------
 
 
+class LoraSettings(_Strict):
+    """Per-agent LoRA adapters on one shared, frozen base model (needs `pip install 'coopflow[lora]'`)."""
+
+    r: int = Field(8, ge=1, description="Rank of each adapter's update matrices.")
+    alpha: float = Field(16.0, gt=0, description="LoRA alpha (the update is scaled by alpha / r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input during training.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Module names that get an adapter (the attention projections of Qwen2/Llama/Mistral models).")
+
+
 class AgentsConfig(_Strict):
     """Which causal LMs act as agents: `agent_model` alone is copied to all N agents, `agents` alone gives one per
     agent (N = its length); both only if `agents` lists N copies of `agent_model`."""
@@ -117,6 +128,10 @@ class AgentsConfig(_Strict):
                              "it) | truncate (keep its last tokens, with a warning).")
     tiny_hidden_size: int = Field(64, ge=8, description="Hidden size of the built-in 'tiny' model.")
     tiny_num_layers: int = Field(2, ge=1, description="Layer count of the built-in 'tiny' model.")
+    lora: LoraSettings | None = Field(
+        None, description="Train a LoRA adapter per agent on one shared frozen base (all agents the same model; "
+                          "in-process runs of the MAGRPO family and preference flows); checkpoints hold adapters "
+                          "only (`coopflow merge-lora` exports full models). null = full fine-tuning.")
 
     @model_validator(mode="after")
     def _resolve(self) -> "AgentsConfig":
@@ -131,6 +146,9 @@ class AgentsConfig(_Strict):
             if self.agent_model is not None and any(a != self.agent_model for a in self.agents):
                 raise ValueError("conflict: agents.agents must list num_agents copies of agents.agent_model "
                                  "when both are given (or drop agent_model for heterogeneous agents)")
+        if self.lora is not None and len(set(self.sources())) > 1:
+            raise ValueError("agents.lora shares one base model between the agents: they must all be the same model "
+                             f"(got {sorted(set(self.sources()))})")
         return self
 
     @property
@@ -627,6 +645,12 @@ class RunConfig(_Strict):
                              "to plain, feedback or 'module:function' (or trainer.num_turns: 1 for single-turn)")
         if isinstance(self.formatters, list) and len(self.formatters) != self.agents.n:
             raise ValueError(f"formatters has {len(self.formatters)} entries but there are {self.agents.n} agents")
+        if self.agents.lora is not None:
+            if t.parallel_training != "none":
+                raise ValueError("agents.lora shares one base model in this process: trainer.parallel_training must "
+                                 f"be none, got {t.parallel_training!r}")
+            if self.algorithm in ("iac", "maac") or getattr(t, "rl_algorithm", None) in ("iac", "maac"):
+                raise ValueError("agents.lora is for the MAGRPO family and the preference flows (not actor-critic)")
         return self
 
     @property

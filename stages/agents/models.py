@@ -108,6 +108,14 @@ def load_agent(source: str | Path, dtype: str = "float32", attn_implementation: 
     src = str(source)
     if (src.startswith((".", "/", "~")) or src.count("/") > 1) and not Path(src).expanduser().is_dir():
         raise FileNotFoundError(f"model directory {src} does not exist")
+    from stages.agents.lora import is_adapter_dir
+
+    if is_adapter_dir(src):  # a LoRA agent of a checkpoint: its base with the adapter merged in
+        from stages.agents.lora import load_merged
+
+        model, tok = load_merged(src, dtype, attn_implementation, device)
+        model.eval()
+        return model, (tokenizer if tokenizer is not None else tok)
     kwargs = {"dtype": torch_dtype(dtype)}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
@@ -191,7 +199,12 @@ def load_agent_state(source: str | Path, lr: float, dtype: str = "float32", attn
 def save_agent(agent: AgentState, out: Path, index: int) -> None:
     """Per-agent op: write agent i's part of the checkpoint at `out` (model, tokenizer, optimizer, heads, critic)."""
     lay = CheckpointLayout(Path(out))
-    agent.model.save_pretrained(lay.agent(index))
+    if agent.adapter is not None:  # LoRA: the adapter only (the base is shared and unchanged)
+        from stages.agents.lora import save_adapter
+
+        save_adapter(agent, lay.agent(index))
+    else:
+        agent.model.save_pretrained(lay.agent(index))
     agent.tokenizer.save_pretrained(lay.agent(index))
     if agent.optimizer is not None:
         lay.optimizer_dir.mkdir(exist_ok=True)

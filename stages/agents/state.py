@@ -26,11 +26,16 @@ class AgentState:
     reference: object = None  # frozen reference model for the KL penalty (None when KL is off)
     value_head: object = None  # IAC shared mode: a value head on the actor (one optimizer over both)
     critic: "CriticState | None" = None  # IAC separate mode: this agent's own critic LM + head
+    adapter: str | None = None  # LoRA (stages.agents.lora): this agent's adapter on a base shared with the others
+    trainable: list | None = None  # LoRA: the parameters this agent trains (its adapter's); None = requires_grad
+    activate: Callable[[], None] | None = None  # LoRA: make this agent's adapter the active one
+    base_source: str | None = None  # LoRA: the shared base model's source
 
     def ensure_optimizer(self):
         """Per-agent AdamW (the reference's optimizer; fused kernels where torch has them)."""
         if self.optimizer is None:
-            params = [p for p in self.model.parameters() if p.requires_grad]
+            params = (list(self.trainable) if self.trainable is not None
+                      else [p for p in self.model.parameters() if p.requires_grad])
             if self.value_head is not None:
                 params += list(self.value_head.parameters())
             self.optimizer = adamw(params, self.lr)
@@ -101,7 +106,12 @@ class Policies:
 
     def run(self, op: Callable, per_agent_args: list[tuple]) -> list:
         """Apply the per-agent op `op(agent, *args)` to every agent; results in agent order."""
-        return [op(agent, *args) for agent, args in zip(self.agents, per_agent_args)]
+        out = []
+        for agent, args in zip(self.agents, per_agent_args):
+            if agent.activate is not None:  # LoRA agents share one model: switch to this agent's adapter
+                agent.activate()
+            out.append(op(agent, *args))
+        return out
 
     def close(self) -> None:
         """Release resources (nothing to do in-process)."""

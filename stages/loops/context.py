@@ -138,7 +138,10 @@ class RunContext:
 def resolve_sources(cfg: RunConfig, store: ArtifactStore) -> tuple[list[str], dict]:
     """Agent sources as loadable paths/ids, and their identity for keys ('tiny' is built into the store)."""
     paths, ident = resolve_model_sources(cfg.actor_sources(), cfg, store, "agents")
-    return paths, {"sources": ident, "dtype": cfg.agents.dtype}
+    ident = {"sources": ident, "dtype": cfg.agents.dtype}
+    if cfg.agents.lora is not None:  # (absent otherwise: full fine-tuning keys stay as they were)
+        ident["lora"] = cfg.agents.lora.model_dump(mode="json")
+    return paths, ident
 
 
 def resolve_model_sources(sources: list[str], cfg: RunConfig, store: ArtifactStore,

@@ -53,6 +53,16 @@ def _user_code(cfg: RunConfig) -> None:
 
     resolve_reward(cfg.reward.name, cfg.reward.kwargs)
     resolve_processor(cfg.reward.processor)
+    wants_ray = cfg.trainer.parallel_training == "ray" or (cfg.reward.workers > 1 and cfg.reward.executor == "ray")
+    for needed, module, extra, field in (
+            (cfg.agents.lora is not None, "peft", "lora", "agents.lora"),
+            (wants_ray, "ray", "ray", "trainer.parallel_training / reward.executor ray"),
+            (cfg.reward.workers > 1 and cfg.reward.executor == "dask", "distributed", "dask", "reward.executor dask")):
+        if needed:
+            import importlib.util
+
+            if importlib.util.find_spec(module) is None:
+                raise ImportError(f"{field} needs the {module!r} package: pip install 'coopflow[{extra}]'")
     fmts = cfg.formatters if isinstance(cfg.formatters, list) else [cfg.formatters] if cfg.formatters else []
     for i, f in enumerate(fmts):
         if f.function:
