@@ -63,6 +63,20 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _killed_leaving_nothing(proc, point: str, watch, what: str, log: Path | None = None) -> None:
+    """Wait for `proc` to die of SIGKILL at `point`; every process `watch(pid)` saw meanwhile must end within 30 s."""
+    seen: set[int] = set()
+    while proc.poll() is None:  # note the processes (mp workers, the Prefect server, ...) while it runs
+        seen |= set(watch(proc.pid))
+        time.sleep(0.05)
+    assert proc.returncode == -signal.SIGKILL, \
+        f"not killed at {point} (exit {proc.returncode})" + (f":\n{log.read_text()[-3000:]}" if log else "")
+    deadline = time.time() + 30
+    while time.time() < deadline and any(Path(f"/proc/{p}").exists() for p in seen):
+        time.sleep(0.2)
+    assert not [p for p in seen if Path(f"/proc/{p}").exists()], what
+
+
 @pytest.mark.parametrize("algorithm, point", [
     ("magrpo", "commit:checkpoint"),   # during a checkpoint write (complete, not yet renamed into place)
     ("magrpo", "generate@3"),          # mid-generation, after two updates
@@ -79,15 +93,7 @@ def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path, algorithm, poin
     env = {**os.environ, "COOPFLOW_FAULT": point, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(data)], cwd=REPO, env=env)
-    workers: set[int] = set()
-    while proc.poll() is None:  # note the worker processes (mp) while it runs
-        workers |= set(_children(proc.pid))
-        time.sleep(0.05)
-    assert proc.returncode == -signal.SIGKILL, f"the run was not killed at {point} (exit {proc.returncode})"
-    deadline = time.time() + 30
-    while time.time() < deadline and any(Path(f"/proc/{w}").exists() for w in workers):
-        time.sleep(0.2)
-    assert not [w for w in workers if Path(f"/proc/{w}").exists()], "worker processes outlived their parent"
+    _killed_leaving_nothing(proc, point, _children, "worker processes outlived their parent")
     store = ArtifactStore(tmp_path / "killed" / "artifacts")
     assert store.verify_all()[1] == []  # nothing half-written is visible as an artifact
     cfg = validate_config(data)
@@ -172,15 +178,7 @@ def test_kill_9_of_coopflow_run_then_rerun_equals_an_uninterrupted_run(tmp_path,
     data = _config(tmp_path / "killed", algorithm)
     log = tmp_path / "cli.log"
     proc = _cli(flow, data, tmp_path / "killed", log, COOPFLOW_FAULT=point)
-    tree: set[int] = set()
-    while proc.poll() is None:  # note every process of the tree while it runs (workers, the Prefect server)
-        tree |= _descendants(proc.pid)
-        time.sleep(0.05)
-    assert proc.returncode == -signal.SIGKILL, f"not killed at {point}:\n{log.read_text()[-3000:]}"
-    deadline = time.time() + 30
-    while time.time() < deadline and any(Path(f"/proc/{p}").exists() for p in tree):
-        time.sleep(0.2)
-    assert not [p for p in tree if Path(f"/proc/{p}").exists()], "processes outlived the killed `coopflow run`"
+    _killed_leaving_nothing(proc, point, _descendants, "processes outlived the killed `coopflow run`", log)
     store = ArtifactStore(tmp_path / "killed" / "artifacts")
     assert store.verify_all()[1] == []
     assert _cli(flow, data, tmp_path / "killed", log).wait(timeout=900) == 0, log.read_text()[-3000:]

@@ -16,6 +16,7 @@ import pytest
 
 from artifacts import ArtifactStore
 from tests.conftest import small_config
+from tests.test_deployment import _wait
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -27,14 +28,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait(pred, timeout: float, what: str) -> None:
-    t0 = time.time()
-    while not pred():
-        if time.time() - t0 > timeout:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(1)
-
-
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
@@ -43,7 +36,7 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def test_two_workers_run_a_seed_sweep_and_rounds_into_one_shared_store(tmp_path, monkeypatch):
+def test_two_workers_run_a_seed_sweep_and_rounds_into_one_shared_store(tmp_path):
     url = f"http://127.0.0.1:{_free_port()}/api"
     shared = tmp_path / "shared"  # the "shared storage" every worker sees: artifacts + MLflow under one dir
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PREFECT_API_URL")}
@@ -72,9 +65,15 @@ def test_two_workers_run_a_seed_sweep_and_rounds_into_one_shared_store(tmp_path,
             start([sys.executable, "-m", "prefect", "worker", "start", "--pool", "wp", "--name", f"worker-{i}",
                    "--limit", "1"], f"worker-{i}.log")
 
-        monkeypatch.setenv("PREFECT_API_URL", url)
+        # this process's Prefect client talks to that server (a settings context: it wins over a test harness
+        # another test of this worker process may have entered)
         from prefect.client.orchestration import get_client
         from prefect.deployments import run_deployment
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        ctx = temporary_settings(updates={PREFECT_API_URL: url})
+        ctx.__enter__()
+        procs.append(ctx)  # left in `finally`
 
         def state(rid):
             with get_client(sync_client=True) as client:
@@ -115,6 +114,9 @@ def test_two_workers_run_a_seed_sweep_and_rounds_into_one_shared_store(tmp_path,
         assert len([n for n in names if n.startswith("madpo-iter-")]) == 1, names  # one parent run
     finally:
         for p in reversed(procs):
+            if not isinstance(p, subprocess.Popen):
+                p.__exit__(None, None, None)
+                continue
             try:
                 os.killpg(p.pid, signal.SIGTERM)
                 p.wait(timeout=30)

@@ -25,25 +25,11 @@ from pathlib import Path
 
 import torch
 
+from stages.agents.models import LORA_FILE, adapter_base, is_adapter_dir, load_merged, save_adapter  # noqa: F401
 from stages.agents.state import AgentState, Policies
 
-LORA_FILE = "coopflow_lora.json"
 # PEFT still asks transformers 5 for a renamed attribute; nothing for a user to act on
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-
-
-def is_adapter_dir(path: str | Path) -> bool:
-    """A directory holding a LoRA adapter (and no full model)."""
-    p = Path(str(path))
-    return (p / "adapter_config.json").is_file() and not (p / "config.json").is_file()
-
-
-def adapter_base(path: str | Path) -> str:
-    """The base model an adapter dir was trained on (recorded at save time)."""
-    f = Path(str(path)) / LORA_FILE
-    if not f.is_file():
-        raise FileNotFoundError(f"{path} is a LoRA adapter without {LORA_FILE}: its base model is unknown")
-    return json.loads(f.read_text())["base"]
 
 
 def _peft_config(settings):
@@ -116,37 +102,6 @@ def load_lora_policies(base: str, adapters: list[str | None], settings, lr: floa
         agents.append(agent)
     agents[0].activate()
     return Policies(agents)
-
-
-def save_adapter(agent: AgentState, out: Path) -> None:
-    """Write agent's adapter (PEFT's format) and the name of its base into `out`."""
-    from peft import get_peft_model_state_dict
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    sd = get_peft_model_state_dict(agent.model, adapter_name=agent.adapter)
-    save_file({k: v.detach().contiguous().cpu() for k, v in sd.items()}, str(out / "adapter_model.safetensors"))
-    agent.model.peft_config[agent.adapter].save_pretrained(str(out))
-    (out / LORA_FILE).write_text(json.dumps({"base": agent.base_source, "adapter": agent.adapter}, indent=1))
-
-
-def load_merged(adapter_dir: str | Path, dtype: str = "float32", attn: str | None = "sdpa", device: str = "cpu",
-                base: str | None = None):
-    """(model, tokenizer) of base + adapter merged into plain weights (a frozen copy, or for export)."""
-    from peft import PeftModel
-
-    from stages.agents.models import load_agent
-
-    model, tok = load_agent(base or adapter_base(adapter_dir), dtype, attn, device)
-    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
-    if (Path(str(adapter_dir)) / "tokenizer_config.json").is_file():
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(adapter_dir))
-        tok.padding_side = "left"
-        if tok.pad_token is None:
-            tok.pad_token = tok.eos_token
-    return merged, tok
 
 
 def merge_checkpoint(checkpoint: str | Path, out: str | Path, base: str | None = None) -> list[Path]:

@@ -9,8 +9,10 @@
   `save_checkpoint` write them in the layout of `stages.agents.checkpoint`.
 """
 
+import json
 import logging
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -74,6 +76,55 @@ def build_tiny_model(out_dir: str | os.PathLike, hidden_size: int = 64, num_laye
     return out
 
 
+# --- LoRA adapter dirs (written by stages.agents.lora) --------------------------------------------
+
+LORA_FILE = "coopflow_lora.json"  # in an adapter dir: the base model it was trained on
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    """A directory holding a LoRA adapter (and no full model)."""
+    p = Path(str(path))
+    return (p / "adapter_config.json").is_file() and not (p / "config.json").is_file()
+
+
+def adapter_base(path: str | Path) -> str:
+    """The base model an adapter dir was trained on (recorded at save time)."""
+    f = Path(str(path)) / LORA_FILE
+    if not f.is_file():
+        raise FileNotFoundError(f"{path} is a LoRA adapter without {LORA_FILE}: its base model is unknown")
+    return json.loads(f.read_text())["base"]
+
+
+def load_merged(adapter_dir: str | Path, dtype: str = "float32", attn: str | None = "sdpa", device: str = "cpu",
+                base: str | None = None):
+    """(model, tokenizer) of base + adapter merged into plain weights (a frozen copy, or for export)."""
+    from peft import PeftModel
+
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)  # PEFT's
+    model, tok = load_agent(base or adapter_base(adapter_dir), dtype, attn, device)
+    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    if (Path(str(adapter_dir)) / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(adapter_dir))
+        tok.padding_side = "left"
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+    return merged, tok
+
+
+def save_adapter(agent: AgentState, out: Path) -> None:
+    """Write agent's adapter (PEFT's format) and the name of its base into `out`."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    sd = get_peft_model_state_dict(agent.model, adapter_name=agent.adapter)
+    save_file({k: v.detach().contiguous().cpu() for k, v in sd.items()}, str(out / "adapter_model.safetensors"))
+    agent.model.peft_config[agent.adapter].save_pretrained(str(out))
+    (out / LORA_FILE).write_text(json.dumps({"base": agent.base_source, "adapter": agent.adapter}, indent=1))
+
+
 def torch_dtype(name: str):
     """Map a config dtype name to a torch dtype ('auto' passes through)."""
     return "auto" if name == "auto" else getattr(torch, name)
@@ -108,11 +159,7 @@ def load_agent(source: str | Path, dtype: str = "float32", attn_implementation: 
     src = str(source)
     if (src.startswith((".", "/", "~")) or src.count("/") > 1) and not Path(src).expanduser().is_dir():
         raise FileNotFoundError(f"model directory {src} does not exist")
-    from stages.agents.lora import is_adapter_dir
-
-    if is_adapter_dir(src):  # a LoRA agent of a checkpoint: its base with the adapter merged in
-        from stages.agents.lora import load_merged
-
+    if is_adapter_dir(src):  # a LoRA agent of a checkpoint (stages.agents.lora): its base with the adapter merged in
         model, tok = load_merged(src, dtype, attn_implementation, device)
         model.eval()
         return model, (tokenizer if tokenizer is not None else tok)
@@ -200,8 +247,6 @@ def save_agent(agent: AgentState, out: Path, index: int) -> None:
     """Per-agent op: write agent i's part of the checkpoint at `out` (model, tokenizer, optimizer, heads, critic)."""
     lay = CheckpointLayout(Path(out))
     if agent.adapter is not None:  # LoRA: the adapter only (the base is shared and unchanged)
-        from stages.agents.lora import save_adapter
-
         save_adapter(agent, lay.agent(index))
     else:
         agent.model.save_pretrained(lay.agent(index))

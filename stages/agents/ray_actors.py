@@ -139,10 +139,10 @@ class RayPolicies:
                 results.append(None)
                 error = error or (i, RuntimeError(f"actor died: {err}"))
         if error is not None:
+            from stages.agents.workers import error_class
+
             i, cause = error
-            cls = type(cause) if isinstance(cause, (FloatingPointError, ValueError, TypeError,
-                                                    FileNotFoundError)) else RuntimeError
-            raise cls(f"agent {i} actor: {type(cause).__name__}: {cause}") from cause
+            raise error_class(type(cause).__name__)(f"agent {i} actor: {type(cause).__name__}: {cause}") from cause
         return results
 
     @property
@@ -152,9 +152,9 @@ class RayPolicies:
     @property
     def tokenizers(self) -> list:
         if self._tokenizers is None:
-            from transformers import AutoTokenizer
+            from stages.agents.workers import source_tokenizers
 
-            self._tokenizers = [AutoTokenizer.from_pretrained(s) for s in self._sources]
+            self._tokenizers = source_tokenizers(self._sources)
         return self._tokenizers
 
     def run(self, op, per_agent_args: list[tuple]) -> list:

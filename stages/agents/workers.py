@@ -56,9 +56,21 @@ _REraise = {"FloatingPointError": FloatingPointError, "ValueError": ValueError, 
             "FileNotFoundError": FileNotFoundError}
 
 
+def error_class(name: str) -> type:
+    """The exception type a remote agent's error is raised as here (its own for bad input, else RuntimeError)."""
+    return _REraise.get(name, RuntimeError)
+
+
+def source_tokenizers(sources: list[str]) -> list:
+    """The tokenizers of the agents' sources, for this process (formatters with chat templates need them)."""
+    from transformers import AutoTokenizer
+
+    return [AutoTokenizer.from_pretrained(s) for s in sources]
+
+
 def _raise(agent: int, payload) -> None:
     name, msg, tb = payload
-    cls = _REraise.get(name, RuntimeError)
+    cls = error_class(name)
     raise cls(f"agent {agent} worker: {name}: {msg}\n--- worker traceback ---\n{tb}")
 
 
@@ -128,9 +140,7 @@ class WorkerPolicies:
     @property
     def tokenizers(self) -> list:
         if self._tokenizers is None:
-            from transformers import AutoTokenizer
-
-            self._tokenizers = [AutoTokenizer.from_pretrained(s) for s in self._sources]
+            self._tokenizers = source_tokenizers(self._sources)
         return self._tokenizers
 
     def run(self, op, per_agent_args: list[tuple]) -> list:
