@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--continue-run", help="MLflow run id of a shorter run of this config to continue (e.g. after "
                                           "raising trainer.num_train_epochs); logs into that run")
     r.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    r.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch threads of this run (sets agents.torch_threads; default: derived from the CPUs this "
+                        "process may use, so runs never oversubscribe them)")
     r.add_argument("--rounds", type=int, default=None,
                    help="train-madpo-iter / train-marlhf-iter: run at most this many new rounds (default: all remaining)")
     v = sub.add_parser("validate", help="validate a config (no model is loaded)")
@@ -372,6 +375,8 @@ FORCED = {"train-magrpo-centralized": ("magrpo", ["trainer.collaboration_mode=ce
 def _run(args) -> int:
     algorithm, forced = FORCED.get(args.flow, (args.flow.removeprefix("train-"), []))
     args.overrides = secrets_to_env([*(args.overrides or []), *forced])
+    if args.threads is not None:
+        args.overrides.append(f"agents.torch_threads={args.threads}")
     cfg = _load(args, algorithm)  # fails fast, before Prefect or any model loads
     _check_model_dirs(cfg)
     from stages.loops.preflight import PreflightError, preflight
@@ -381,6 +386,9 @@ def _run(args) -> int:
     except PreflightError as err:
         print(f"coopflow: {err}", file=sys.stderr)
         return 2
+    from stages.common.threads import choose_threads
+
+    print("coopflow: torch threads %d (%s)" % choose_threads(cfg.agents.torch_threads), file=sys.stderr)
     from flows.env import configure
 
     configure(cfg.data_dir)
@@ -482,6 +490,8 @@ def _serve(args) -> int:
     from flows.env import configure
 
     configure()
+    # served runs share this machine: each derives its torch threads from the CPUs // the runs at once
+    os.environ.setdefault("COOPFLOW_CONCURRENT_RUNS", os.environ.get("PREFECT_RUNNER_PROCESS_LIMIT", "5"))
     url = ensure_server(args.port)
     from flows.serve import serve_all
 

@@ -56,6 +56,14 @@ def _public(cfg: RunConfig) -> dict:
     return data
 
 
+def _use_threads(cfg: RunConfig, logger) -> None:
+    """Set this run's torch threads (agents.torch_threads, else derived so runs never oversubscribe the CPUs)."""
+    from stages.common.threads import apply_threads
+
+    n, why, _ = apply_threads(cfg.agents.torch_threads)
+    logger.info("torch threads: %d (%s)", n, why)
+
+
 def _no_retry_on_bad_input(task, task_run, state) -> bool:
     """Retry a segment only for errors that a retry can fix (not bad config/numerics/corruption)."""
     try:
@@ -142,6 +150,7 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
     if "score" in stages and not rescore_from:
         raise ConfigError("stages=['score'] re-scores the rollouts of an earlier run: pass rescore_from=<run_key>")
     logger = get_run_logger()
+    _use_threads(cfg, logger)
     data = cfg.resolved_data_dir()
     store = ArtifactStore(data / "artifacts")
     store.clean_temp()
@@ -341,6 +350,7 @@ def run_preference(algorithm: str, config: dict | None, config_path: str | None,
     if bad:
         raise ConfigError(f"unknown stage(s) {bad} for train-{algorithm}; choose from ['taskset', 'train', 'evaluate']")
     logger = get_run_logger()
+    _use_threads(cfg, logger)
     data = cfg.resolved_data_dir()
     store = ArtifactStore(data / "artifacts")
     store.clean_temp()
@@ -510,6 +520,7 @@ def run_iterative(algorithm: str, config: dict | None, config_path: str | None,
     done = I.completed_rounds(ctx)
     run_id = _parent_run(parent, keys[0], tr.run_name or f"{algorithm}-{keys[0][:8]}", _public(cfg), algorithm)
     logger = get_run_logger()
+    _use_threads(cfg, logger)
     logger.info("%s: %d of %d rounds stored; mlflow parent run %s", algorithm, done, len(keys), run_id)
     ok, ran, warnings = False, [], list(ctx.plan.warnings)
     summary = {"algorithm": algorithm, "mlflow_run_id": run_id, "rounds": len(keys)}

@@ -128,6 +128,10 @@ class AgentsConfig(_Strict):
                              "it) | truncate (keep its last tokens, with a warning).")
     tiny_hidden_size: int = Field(64, ge=8, description="Hidden size of the built-in 'tiny' model.")
     tiny_num_layers: int = Field(2, ge=1, description="Layer count of the built-in 'tiny' model.")
+    torch_threads: int | None = Field(
+        None, ge=1, description="Torch intra-op threads of this run (mp workers split them); null = automatic: the "
+                                "CPUs this process may use (affinity, cgroup quota) // the runs `coopflow serve` "
+                                "runs at once, or OMP_NUM_THREADS when exported.")
     lora: LoraSettings | None = Field(
         None, description="Train a LoRA adapter per agent on one shared frozen base (all agents the same model; "
                           "in-process runs of the MAGRPO family and preference flows); checkpoints hold adapters "

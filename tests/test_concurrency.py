@@ -30,6 +30,7 @@ def test_two_identical_runs_at_once_train_once_and_log_one_mlflow_run(tmp_path):
     data = tmp_path / "data"
     cfg = _config(data, "magrpo")
     a, b = _both(tmp_path, cfg, cfg, data)
+    assert "coopflow: torch threads 1 (OMP_NUM_THREADS)" in a.read_text()  # the chosen value, said at start
     assert _summary(a, "run_key") == _summary(b, "run_key")
     executed = [_summary(a, "executed"), _summary(b, "executed")]
     assert "{}" in executed and any("'update'" in e for e in executed), executed  # one trained, one reused it
