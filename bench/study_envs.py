@@ -1,7 +1,7 @@
 """Before/after study of a shipped environment config over several seeds (the README's measured runs).
 
-For each seed: evaluate the initial policies on the eval items, train the config as shipped, evaluate the
-final checkpoint with the same eval seed; then print every eval metric as mean ± sd over seeds with the
+For each seed: train the config as shipped; the run evaluates the initial policies and the final checkpoint on the
+same eval items with the same eval seed (`eval_before`); then print every eval metric as mean ± sd over seeds with the
 per-seed values, and the training reward's first and last fifth.
 
     python bench/study_envs.py configs/magrpo-tldr.yaml --seeds 0 1 2 [--set trainer.max_new_tokens=64]
@@ -17,29 +17,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from artifacts import ArtifactStore  # noqa: E402
 from schemas.config import load_config  # noqa: E402
-from stages.common.seeds import derive_seed  # noqa: E402
-from stages.evaluate.evaluate import evaluate  # noqa: E402
-from stages.loops.context import formatters_for, make_context  # noqa: E402
 from stages.loops.run import run_direct  # noqa: E402
-from stages.loops.segment import acquire_policies  # noqa: E402
-from stages.tasks.taskset import build_taskset  # noqa: E402
 
 
 def one_seed(config: str, seed: int, root: Path, overrides: list[str], algorithm: str) -> dict:
-    cfg = load_config(config, [*overrides, f"data_dir={root / str(seed)}", f"seed={seed}"], algorithm=algorithm)
-    store = ArtifactStore(cfg.resolved_data_dir() / "artifacts")
+    cfg = load_config(config, [*overrides, f"data_dir={root / str(seed)}", f"seed={seed}", "eval_before=true"],
+                      algorithm=algorithm)
     t0 = time.time()
-    ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
-    pol = acquire_policies(ctx, None, ctx.plan.start_key)
-    caller, proc, _ = ctx.eval_reward()
-    _, before = evaluate(pol, ctx.eval_items_used(), formatters_for(ctx, pol), ctx.sampling, caller, proc,
-                         derive_seed(cfg.seed, "final-eval"), ctx.episode, ctx.eval_hooks,
-                         samples=cfg.trainer.eval_samples_per_item)
-    ctx.session.close()
     s = run_direct(cfg)
-    return {"seed": seed, "before": before, "after": s["eval"], "reward_first": s["reward_first"],
+    return {"seed": seed, "before": s["eval_before"], "after": s["eval"], "reward_first": s["reward_first"],
             "reward_last": s["reward_last"], "env_steps": s["env_steps"], "train_seconds": s["train_seconds"],
             "wall_seconds": time.time() - t0}
 

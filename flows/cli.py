@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--continue-run", help="MLflow run id of a shorter run of this config to continue (e.g. after "
                                           "raising trainer.num_train_epochs); logs into that run")
     r.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    r.add_argument("--fresh", action="store_true",
+                   help="reuse nothing stored (new stage keys; built models are still reused): for timing a run")
     r.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch threads of this run (sets agents.torch_threads; default: derived from the CPUs this "
                         "process may use, so runs never oversubscribe them)")
@@ -62,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--interval", type=float, help="schedule every deployment every N seconds")
     s.add_argument("--config", help="default config_path parameter of the deployments")
     s.add_argument("--port", type=int, default=4200)
+    s.add_argument("--no-ui", action="store_true", help="start the local Prefect server without its web UI")
     d = sub.add_parser("deploy", help="register the flows as deployments '<flow>/<name>' on a Prefect work pool "
                                       "(needs PREFECT_API_URL; workers: prefect worker start --pool POOL)")
     d.add_argument("--pool", required=True, help="work pool (created as a 'process' pool when missing)")
@@ -377,6 +380,10 @@ def _run(args) -> int:
     args.overrides = secrets_to_env([*(args.overrides or []), *forced])
     if args.threads is not None:
         args.overrides.append(f"agents.torch_threads={args.threads}")
+    if args.fresh:
+        import uuid
+
+        args.overrides.append(f"cache_salt=fresh-{uuid.uuid4().hex[:12]}")
     cfg = _load(args, algorithm)  # fails fast, before Prefect or any model loads
     _check_model_dirs(cfg)
     from stages.loops.preflight import PreflightError, preflight
@@ -441,14 +448,23 @@ def _print_summary(s: dict) -> None:
               "ran_rounds"):
         if k in s:
             print(f"{k:>16}: {_fmt(s[k])}")
+    if s.get("seconds"):  # where the training time went (reward: the reward function's own wall time)
+        print(f"{'seconds':>16}: " + ", ".join(f"{k} {v:.1f}" for k, v in s["seconds"].items()))
+    if s.get("segments_cached"):
+        cached = sum(bool(c) for c in s["segments_cached"])
+        print(f"{'from cache':>16}: {cached} of {len(s['segments_cached'])} segments (stored earlier; rerun with "
+              "--fresh to time them anew)" if cached else f"{'from cache':>16}: nothing (every stage ran)")
     if "budget" in s:
         b = s["budget"]
         print(f"{'budget':>16}: {b['updates']} updates, {b['generate_calls']} generate calls, {b['sequences']} "
               f"sequences, {b['joint_actions']} joint actions")
     for w in s.get("warnings") or []:
         print(f"{'warning':>16}: {w}")
+    before = s.get("eval_before") or {}
+    if before:
+        print(f"{'eval':>16}: before training -> after (the same items and eval seed)")
     for k, v in (s.get("eval") or {}).items():
-        print(f"{k:>16}: {_fmt(v)}")
+        print(f"{k:>16}: {_fmt(before[k]) + ' -> ' if k in before else ''}{_fmt(v)}")
     if "rescore" in s:
         print(f"{'rescore':>16}: {s['rescore']}")
 
@@ -464,8 +480,9 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def ensure_server(port: int = 4200, timeout: float = 180) -> str:
-    """PREFECT_API_URL if set, else a local `prefect server start` (started if not already up)."""
+def ensure_server(port: int = 4200, timeout: float = 180, ui: bool = True) -> str:
+    """PREFECT_API_URL if set, else a local `prefect server start` (started if not already up; with its web UI
+    at http://127.0.0.1:<port> unless `ui` is False)."""
     url = os.environ.get("PREFECT_API_URL")
     if url:
         return url
@@ -476,7 +493,8 @@ def ensure_server(port: int = 4200, timeout: float = 180) -> str:
         log = open(home / "server.log", "ab")
         print(f"starting a local Prefect server on 127.0.0.1:{port} (log: {home / 'server.log'})", file=sys.stderr)
         subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                          "--port", str(port), "--no-ui"], stdout=log, stderr=log, start_new_session=True)
+                          "--port", str(port), *([] if ui else ["--no-ui"])], stdout=log, stderr=log,
+                         start_new_session=True, env={**os.environ, "PREFECT_SERVER_UI_ENABLED": str(ui).lower()})
         t0 = time.time()
         while not _healthy(url):
             if time.time() - t0 > timeout:
@@ -492,9 +510,11 @@ def _serve(args) -> int:
     configure()
     # served runs share this machine: each derives its torch threads from the CPUs // the runs at once
     os.environ.setdefault("COOPFLOW_CONCURRENT_RUNS", os.environ.get("PREFECT_RUNNER_PROCESS_LIMIT", "5"))
-    url = ensure_server(args.port)
+    url = ensure_server(args.port, ui=not args.no_ui)
     from flows.serve import serve_all
 
+    if not args.no_ui:
+        print(f"Prefect UI: {url.removesuffix('/api')} (flow runs, deployments, logs)", file=sys.stderr)
     print(f"serving deployments on {url}; in another shell:\n"
           f"  export PREFECT_API_URL={url}\n"
           f"  prefect deployment run 'train-magrpo/{args.name}' --params '{{\"config_path\": \"...\"}}' --watch",

@@ -117,6 +117,12 @@ def evaluate_task(ctx: C.RunContext, ckpt: ArtifactRef, refresh: bool) -> tuple[
     return R.evaluate_checkpoint(ctx, ckpt)
 
 
+@task(name="evaluate-before", cache_policy=NO_CACHE, retries=1, retry_condition_fn=_no_retry_on_bad_input)
+def evaluate_before_task(ctx: C.RunContext) -> tuple[ArtifactRef, dict]:
+    """The initial policies on the final evaluation's items and seed (the 'before' of before/after)."""
+    return R.evaluate_initial(ctx)
+
+
 @task(name="fit-critic", cache_policy=NO_CACHE, retry_condition_fn=_no_retry_on_bad_input)
 def refit_critic_task(ctx: C.RunContext, ckpt: ArtifactRef, steps_refs: list[ArtifactRef]) -> tuple[ArtifactRef, dict]:
     """Re-fit the trained critic(s) on the run's stored actor-critic samples (no generation)."""
@@ -204,6 +210,14 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
         tracker.flush()
         summary: dict[str, Any] = {"algorithm": algorithm, "run_key": run_key, "mlflow_run_id": run_id,
                                    "budget": ctx.plan.budget.as_dict(), "warnings": list(ctx.plan.warnings)}
+
+        # --- evaluate the initial policies (before), on the same items and eval seed as the final evaluation
+        if cfg.eval_before and "train" in stages and "evaluate" in stages:
+            eb_ref, eb = evaluate_before_task(quote(ctx))
+            tracker.record("eval_before", eb_ref)
+            tracker.log_metrics([{"key": "eval_before/" + k.removeprefix("eval/"), "value": v, "env_step": 0}
+                                 for k, v in eb.items()], flush=False)
+            summary["eval_before"] = eb
 
         # --- train (segment by segment; cached segments return their stored refs)
         trained = None

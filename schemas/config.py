@@ -600,6 +600,13 @@ class RunConfig(_Strict):
     data_dir: str | None = Field(None, description="Data directory (a path or a file:// URI); null = $COOPFLOW_HOME "
                                                    "or ./.coopflow.")
     checkpoint_every: int = Field(0, ge=0, description="Write a checkpoint every this many updates (0 = once per epoch).")
+    eval_before: bool = Field(True, description="Evaluate the initial policies before training on the same eval "
+                                                "items and eval seed as the final evaluation (summary eval_before, "
+                                                "MLflow eval_before/*; the reference evaluates at batch 0).")
+    cache_salt: str | None = Field(None, description="Any string: keys this run's stages apart from every stored run, "
+                                                     "so nothing stored is reused (`coopflow run --fresh` sets a new "
+                                                     "one, e.g. to time a run); built models are still reused. null "
+                                                     "= normal caching.")
     max_sequences: int = Field(2_000_000, ge=0, description="Refuse a run that would generate more sequences than "
                                                             "this (pre-flight budget; 0 = no limit).")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")

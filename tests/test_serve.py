@@ -25,3 +25,63 @@ def test_the_cli_knows_every_flow():
     from flows.train import FLOWS
 
     assert FLOW_NAMES == tuple(FLOWS) and set(ITERATIVE) == {f for f in FLOWS if f.endswith("-iter")}
+
+
+def _get(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as err:
+        return err.code, ""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.slow
+def test_coopflow_serve_starts_the_prefect_ui(tmp_path):
+    """`coopflow serve` on a machine with no server: the UI pages answer (they were 404 with --no-ui)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME", "MLFLOW_TRACKING_URI",
+                                                            "PREFECT_SERVER_UI_ENABLED")}
+    env.update(COOPFLOW_HOME=str(tmp_path / "home"))
+    out = open(tmp_path / "serve.log", "w")
+    p = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--port", str(port)], env=env, stdout=out,
+                         stderr=out, cwd=Path(__file__).resolve().parents[1], start_new_session=True)
+    try:
+        t0 = time.time()
+        while _get(f"http://127.0.0.1:{port}/api/health")[0] != 200:
+            assert time.time() - t0 < 240 and p.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            time.sleep(1)
+        for page in ("/", "/runs", "/deployments"):
+            status, body = _get(f"http://127.0.0.1:{port}{page}")
+            assert status == 200 and "<html" in body.lower(), (page, status)
+        assert f"Prefect UI: http://127.0.0.1:{port}" in (tmp_path / "serve.log").read_text()
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=30)
+        out.close()
+        for proc in Path("/proc").iterdir():  # the server `serve` started runs in its own session: stop it too
+            try:
+                if proc.name.isdigit() and f"--port\0{port}".encode() in (proc / "cmdline").read_bytes():
+                    os.kill(int(proc.name), signal.SIGTERM)
+            except OSError:
+                pass

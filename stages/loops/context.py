@@ -206,6 +206,8 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
               if reward_override else task)
     ac = is_actor_critic(cfg)
     init: dict = {"init": source_ident}
+    if cfg.cache_salt is not None:  # `coopflow run --fresh`: new keys from the first policy on, nothing reused
+        init["salt"] = cfg.cache_salt
     critic_paths = None
     if ac and cfg.critic_sources():
         critic_paths, cident = resolve_model_sources(cfg.critic_sources(), cfg, store, "critic")

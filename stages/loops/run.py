@@ -28,7 +28,8 @@ from stages.loops.context import RunContext, formatters_for, make_context
 from stages.loops.session import Session
 from stages.loops.plan import is_actor_critic
 from stages.loops.keys import eval_key, scores_key
-from stages.loops.segment import SegmentResult, node_means, peek_policies, score_or_load, train_segment
+from stages.loops.segment import (SegmentResult, acquire_policies, node_means, peek_policies, score_or_load,
+                                  train_segment)
 from stages.tasks.taskset import build_taskset
 
 
@@ -123,11 +124,14 @@ def run_lineage(store: ArtifactStore, trained: TrainResult) -> list[tuple[str, A
 
 def training_summary(store: ArtifactStore, trained: TrainResult) -> dict:
     """The training part of a run summary: env_steps, reward first/last fifth, seconds, checkpoint."""
-    train_s, load_s = train_seconds(store, trained.metrics_refs)
+    t = timing_totals(store, trained.metrics_refs)
+    train_s, load_s = t.get("train_s", 0.0), t.get("load_s", 0.0)
     first, last = trained.first_last()
     env = trained.env_steps
     return {"env_steps": env, "reward_first": first, "reward_last": last, "train_seconds": train_s,
             "load_seconds": load_s, "env_steps_per_s": (env / train_s) if train_s > 0 else None,
+            "seconds": {k.removesuffix("_s"): round(v, 3) for k, v in sorted(t.items())
+                        if k in ("generate_s", "reward_s", "score_s", "update_s", "checkpoint_s", "eval_s")},
             "checkpoint": str(store.open_dir(trained.checkpoint)),
             "segments_cached": [s.cached for s in trained.segments]}
 
@@ -153,6 +157,7 @@ def run_direct(cfg: RunConfig, store: ArtifactStore | None = None, show_progress
     t0 = time.perf_counter()
     ctx = make_context(cfg, store, build_taskset(cfg.taskset, store), session=session)
     try:
+        before = evaluate_initial(ctx)[1] if cfg.eval_before else None
         res = run_segments(ctx, show_progress=show_progress)
         if metrics_refs is not None:  # the caller wants every segment's metrics table (e.g. to log them)
             metrics_refs.extend(res.metrics_refs)
@@ -160,7 +165,10 @@ def run_direct(cfg: RunConfig, store: ArtifactStore | None = None, show_progress
         _, ev = evaluate_checkpoint(ctx, res.checkpoint)
     finally:
         ctx.session.close()
-    return {**training_summary(store, res), "wall_seconds": wall_s, "eval": ev, "executed": ctx.session.executed()}
+    out = {**training_summary(store, res), "wall_seconds": wall_s, "eval": ev, "executed": ctx.session.executed()}
+    if before is not None:
+        out["eval_before"] = before
+    return out
 
 
 # --- after training ------------------------------------------------------------------------------
@@ -237,16 +245,21 @@ def rescore(ctx: RunContext, steps_refs: list[ArtifactRef]) -> list[dict]:
     return out
 
 
-def train_seconds(store: ArtifactStore, metrics_refs: list[ArtifactRef]) -> tuple[float, float]:
-    """(training seconds without model loading, model loading seconds) summed over segments' stored metrics."""
-    train = load = 0.0
+def timing_totals(store: ArtifactStore, metrics_refs: list[ArtifactRef]) -> dict[str, float]:
+    """Every `timing/<k>_s` summed over the segments' stored metrics, as {k_s: seconds}."""
+    out: dict[str, float] = {}
     for ref in metrics_refs:
         for r in store.read_rows(ref):
-            if r["key"] == "timing/train_s":
-                train += r["value"]
-            elif r["key"] == "timing/load_s":
-                load += r["value"]
-    return train, load
+            k = r["key"]
+            if k.startswith("timing/") and k.endswith("_s"):
+                out[k.removeprefix("timing/")] = out.get(k.removeprefix("timing/"), 0.0) + r["value"]
+    return out
+
+
+def train_seconds(store: ArtifactStore, metrics_refs: list[ArtifactRef]) -> tuple[float, float]:
+    """(training seconds without model loading, model loading seconds) summed over segments' stored metrics."""
+    t = timing_totals(store, metrics_refs)
+    return t.get("train_s", 0.0), t.get("load_s", 0.0)
 
 
 def first_last_fifth(values: list[float]) -> tuple[float | None, float | None]:
@@ -259,8 +272,23 @@ def first_last_fifth(values: list[float]) -> tuple[float | None, float | None]:
 
 def evaluate_checkpoint(ctx: RunContext, ckpt: ArtifactRef) -> tuple[ArtifactRef, dict[str, float]]:
     """Evaluate a checkpoint on the eval split (eval_num_samples items; all when 0) -> eval artifact + metrics."""
+    return _evaluate(ctx, ckpt.key, lambda: peek_policies(ctx, ckpt))
+
+
+def evaluate_initial(ctx: RunContext) -> tuple[ArtifactRef, dict[str, float]]:
+    """The policies training starts from, on the same eval items and eval seed as the final evaluation: the
+    'before' of a run's before/after (left live, so training starts from them without loading them again)."""
+    def initial():
+        pol = acquire_policies(ctx, None, ctx.plan.start_key)
+        ctx.session.live.put(ctx.plan.start_key, pol)
+        return pol
+
+    return _evaluate(ctx, ctx.plan.start_key, initial)
+
+
+def _evaluate(ctx: RunContext, policy_key: str, policies) -> tuple[ArtifactRef, dict[str, float]]:
     items = ctx.eval_items_used()
-    key = eval_key(ctx, ckpt.key)
+    key = eval_key(ctx, policy_key)
     found = ctx.store.find("eval", key)
     if found is not None:
         rows = ctx.store.read_rows(found)
@@ -268,7 +296,7 @@ def evaluate_checkpoint(ctx: RunContext, ckpt: ArtifactRef) -> tuple[ArtifactRef
         if ctx.eval_hooks:  # hook metrics are computed from the stored rows, not stored themselves
             metrics.update(hook_metrics(rows, items, ctx.n, ctx.episode.num_turns, *ctx.eval_hooks))
         return found, metrics
-    pol = peek_policies(ctx, ckpt)
+    pol = policies()
     ecaller, eproc, _ = ctx.eval_reward()
     rows, metrics = evaluate(pol, items, formatters_for(ctx, pol), ctx.sampling, ecaller, eproc,
                              derive_seed(ctx.cfg.seed, "final-eval"), ctx.episode, ctx.eval_hooks,

@@ -247,19 +247,25 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
             sk = scores_key(ctx, keys.rollouts, base)
             ref = store.find("rollouts", keys.rollouts)
             if ref is None:
+                r0 = getattr(ctx.caller, "seconds", 0.0)
                 rows, scores = generate_tree(pol, items, fmts, ctx.sampling, ctx.episode, ctx.caller, ctx.processor,
                                              cfg.seed, u.index, base)
+                reward_dt = getattr(ctx.caller, "seconds", 0.0) - r0  # each depth is scored inside the tree
+                timing["score_s"] += reward_dt
+                timing["reward_s"] += reward_dt
                 ref = store.put_table("rollouts", keys.rollouts, rows)
                 sref = store.find("scores", sk) or store.put_table("scores", sk, scores)
                 ctx.session.calls["generate"] += 1
                 ctx.session.calls["score"] += 1
                 gen_tokens += sum(r["length"] for r in rows)
-                timing["generate_s"] += time.perf_counter() - t0
+                timing["generate_s"] += time.perf_counter() - t0 - reward_dt
                 t0 = time.perf_counter()
             else:
                 rows = store.read_rows(ref)
                 t0 = time.perf_counter()
+                r0 = getattr(ctx.caller, "seconds", 0.0)
                 sref, scores = score_or_load(ctx, rows, by_id, sk, base)
+                timing["reward_s"] += getattr(ctx.caller, "seconds", 0.0) - r0
             # --- advantages + update: the algorithm's strategy (critic-free baseline or actor-critic)
             step_fn = _actor_critic_update if is_actor_critic(cfg) else _baseline_update
             aref, per_turn, um = step_fn(ctx, pol, rows, scores, keys, u, timing, t0)

@@ -131,6 +131,7 @@ class RewardCaller:
         self.fn, self.n, self.timeout_s, self.retries = fn, num_agents, timeout_s, retries
         self.name = _name(fn)
         self.executor = None  # stages.score.executors: set to fan calls out (reward.workers > 1)
+        self.seconds = 0.0  # wall time spent in reward calls (the sandbox / simulator / service they wait on)
 
         try:
             params = list(inspect.signature(fn).parameters.values())
@@ -189,7 +190,12 @@ class RewardCaller:
         from stages.score.executors import invoke
 
         args, kw, fallback = self._prepare(per_agent, prompts, items)
-        return to_floats(self._guarded(lambda: invoke(self.fn, args, kw, fallback)), self.name)
+        t0 = time.perf_counter()
+        try:
+            out = self._guarded(lambda: invoke(self.fn, args, kw, fallback))
+        finally:
+            self.seconds += time.perf_counter() - t0
+        return to_floats(out, self.name)
 
     def call_cross(self, per_agent: list[list[str]], items: list[dict]) -> list[float]:
         """Cross mode calls the function directly: only batch_items is detected; a TypeError retries with one
@@ -197,7 +203,12 @@ class RewardCaller:
         from stages.score.executors import invoke
 
         args, kw, fallback = self._prepare(per_agent, [], items, cross=True)
-        return to_floats(self._guarded(lambda: invoke(self.fn, args, kw, fallback)), self.name)
+        t0 = time.perf_counter()
+        try:
+            out = self._guarded(lambda: invoke(self.fn, args, kw, fallback))
+        finally:
+            self.seconds += time.perf_counter() - t0
+        return to_floats(out, self.name)
 
     def map(self, calls: list[tuple]):
         """Score many calls `(per_agent, prompts, items, cross)`; yields, in order, each call's floats or a
@@ -220,7 +231,12 @@ class RewardCaller:
                     yield Failed(err)
             return
         jobs = [(self.fn, *self._prepare(pa, pr, it, cross)) for pa, pr, it, cross in calls]
-        for call, res in zip(calls, ex.map(jobs, self.timeout_s)):
+        t0 = time.perf_counter()
+        try:
+            results = ex.map(jobs, self.timeout_s)
+        finally:
+            self.seconds += time.perf_counter() - t0
+        for call, res in zip(calls, results):
             if isinstance(res, Failed) and isinstance(res.error, CallTimeout):
                 yield Failed(RewardError(f"reward function {self.name} did not return within {self.timeout_s:g} s "
                                          "(reward.timeout_s); it may hang or be too slow: fix it or raise "
