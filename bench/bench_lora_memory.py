@@ -42,8 +42,12 @@ for a in pol.agents:
     opt.step(); opt.zero_grad(set_to_none=True)
     trainable += sum(p.numel() for g in opt.param_groups for p in g["params"])
 out = Path(tempfile.mkdtemp())
-save_checkpoint(pol, out, {})
-size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+try:
+    save_checkpoint(pol, out, {})
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+finally:
+    import shutil
+    shutil.rmtree(out, ignore_errors=True)  # (a full-copy checkpoint of 4 real agents is several GB)
 print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "trainable": trainable, "checkpoint_mb": size / 2**20}))
 """
