@@ -31,11 +31,14 @@ def _get(url: str) -> tuple[int, str]:
     import urllib.error
     import urllib.request
 
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
+    req = urllib.request.Request(url, headers={"Accept": "text/html"})  # as a browser navigates (the UI's deep
+    try:                                                                  # links answer HTML navigations only)
+        with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, r.read().decode(errors="replace")
     except urllib.error.HTTPError as err:
         return err.code, ""
+    except OSError:  # not listening yet
+        return 0, ""
 
 
 def _free_port() -> int:
@@ -74,7 +77,9 @@ def test_coopflow_serve_starts_the_prefect_ui(tmp_path):
         for page in ("/", "/runs", "/deployments"):
             status, body = _get(f"http://127.0.0.1:{port}{page}")
             assert status == 200 and "<html" in body.lower(), (page, status)
-        assert f"Prefect UI: http://127.0.0.1:{port}" in (tmp_path / "serve.log").read_text()
+        while f"Prefect UI: http://127.0.0.1:{port}" not in (tmp_path / "serve.log").read_text():
+            assert time.time() - t0 < 240, (tmp_path / "serve.log").read_text()[-3000:]  # said once it is up
+            time.sleep(0.5)
     finally:
         os.killpg(p.pid, signal.SIGTERM)
         p.wait(timeout=30)

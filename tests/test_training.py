@@ -126,7 +126,8 @@ def test_a_reward_that_raises_mid_run_fails_it_and_the_rerun_after_the_fix_conti
     from tests import helpers
 
     trainer = {**small_config(tmp_path)["trainer"], "rollout_buffer_size": 1}
-    cfg = small_config(tmp_path / "run", trainer=trainer, reward={"name": "tests.helpers:outage_length_ratio"})
+    cfg = small_config(tmp_path / "run", trainer=trainer, reward={"name": "tests.helpers:outage_length_ratio"},
+                       eval_before=False)  # (its reward calls would shift when the outage starts)
     helpers.REWARD_CALLS["n"] = 0
     monkeypatch.setenv("TEST_REWARD_DOWN_AFTER", "4")  # fails after a few steps
     with pytest.raises(RewardError, match=r"ConnectionError from reward function .*outage_length_ratio on item \S+, "
