@@ -107,4 +107,4 @@ def test_multi_turn_run_with_expert_edits_on_the_tiny_model(tmp_path, server):
                        {"function": "stages.tasks.envs.coding:main_prompt"}]}, algorithm="magrpo")
     s = run_direct(cfg)
     assert s["env_steps"] == 2 * (2 + 2 * 2) and "eval/turn_2/reward_mean" in s["eval"]
-    assert len(SEEN) == 2 * 2 + 1  # every training branch, plus the eval item's one path
+    assert len(SEEN) == 2 * 2 + 2  # every training branch, plus the eval item's one path before and after training

@@ -22,7 +22,7 @@ def test_flow_smoke_and_mlflow(first_run):
     from mlflow.tracking import MlflowClient
 
     cfg, s, executed = first_run
-    assert executed["generate"] == 2 and executed["update"] == 2 and executed["evaluate"] == 1
+    assert executed["generate"] == 2 and executed["update"] == 2 and executed["evaluate"] == 2  # before + after
     assert s["env_steps"] == 8 and set(s["eval"]) == {"eval/turn_1/reward_mean", "eval/turn_1/expected_return"}
     assert (__import__("pathlib").Path(s["checkpoint"]) / "agent_1" / "model.safetensors").is_file()
     client = MlflowClient(tracking_uri=f"sqlite:///{cfg['data_dir']}/mlflow.db")
@@ -32,6 +32,8 @@ def test_flow_smoke_and_mlflow(first_run):
     hist = client.get_metric_history(run.info.run_id, "turn_1/reward_mean")
     assert [m.step for m in hist] == [4, 8]
     assert "eval/turn_1/reward_mean" in run.data.metrics and "timing/generate_s" in run.data.metrics
+    assert "eval_before/turn_1/reward_mean" in run.data.metrics and s["eval_before"].keys() == s["eval"].keys()
+    assert "reward" in s["seconds"] and "generate" in s["seconds"]
     assert run.data.tags["lineage.checkpoint.final"].startswith("checkpoint/")
     assert run.data.tags["lineage.taskset"].startswith("taskset/")
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
