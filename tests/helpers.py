@@ -184,3 +184,9 @@ def picky_reward(c1, c2):
     if c2[0] == "bad":
         raise KeyError("no score for 'bad'")
     return length_ratio(c1, c2)
+
+
+def delayed_length_ratio(c1, c2, delay: float = 0.1):
+    """length_ratio after `delay` seconds (keeps a run busy long enough for a concurrency test)."""
+    time.sleep(delay)
+    return length_ratio(c1, c2)

@@ -27,13 +27,23 @@ def _both(tmp_path: Path, first: dict, second: dict, data: Path) -> tuple[Path, 
 
 
 def test_two_identical_runs_at_once_train_once_and_log_one_mlflow_run(tmp_path):
+    """The second starts while the first trains (its run-key lock held; a slow reward keeps it busy ~1 min)."""
+    import time
+
     data = tmp_path / "data"
-    cfg = _config(data, "magrpo")
-    a, b = _both(tmp_path, cfg, cfg, data)
-    assert "coopflow: torch threads 1 (OMP_NUM_THREADS)" in a.read_text()  # the chosen value, said at start
-    assert _summary(a, "run_key") == _summary(b, "run_key")
-    executed = [_summary(a, "executed"), _summary(b, "executed")]
-    assert "{}" in executed and any("'update'" in e for e in executed), executed  # one trained, one reused it
+    cfg = {**_config(data, "magrpo"), "reward": {"name": "tests.helpers:delayed_length_ratio", "kwargs": {"delay": 5}}}
+    a_log, b_log = tmp_path / "a.log", tmp_path / "b.log"
+    a = _cli("train-magrpo", cfg, data, a_log)
+    t0 = time.time()
+    while not list((data / "artifacts" / ".locks").glob("run-*.lock")):  # the first holds its run's lock
+        assert a.poll() is None and time.time() - t0 < 300, a_log.read_text()[-3000:]
+        time.sleep(0.2)
+    b = _cli("train-magrpo", cfg, data, b_log)
+    for proc, log in ((a, a_log), (b, b_log)):
+        assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
+    assert "coopflow: torch threads 1 (OMP_NUM_THREADS)" in a_log.read_text()  # the chosen value, said at start
+    assert _summary(a_log, "run_key") == _summary(b_log, "run_key")
+    assert "'update'" in _summary(a_log, "executed") and _summary(b_log, "executed") == "{}"  # one trained
     runs = _mlflow_runs(data)
     assert len(runs) == 1 and runs[0].info.status == "FINISHED", [(r.info.run_name, r.info.status) for r in runs]
     assert ArtifactStore(data / "artifacts").verify_all()[1] == []
