@@ -60,7 +60,7 @@ def _use_threads(cfg: RunConfig, logger) -> None:
     """Set this run's torch threads (agents.torch_threads, else derived so runs never oversubscribe the CPUs)."""
     from stages.common.threads import apply_threads
 
-    n, why, _ = apply_threads(cfg.agents.torch_threads)
+    n, why = apply_threads(cfg.agents.torch_threads)
     logger.info("torch threads: %d (%s)", n, why)
 
 

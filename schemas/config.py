@@ -43,6 +43,17 @@ GENERATION_ALIASES = {**COLLABORATION_ALIASES, "centralized_sequential": "centra
 """comparator_generation_mode spellings, mapped to decentralized | centralized | centralized_sequential."""
 
 
+def per_agent_values(value: Any, n: int, what: str) -> list:
+    """A per-agent setting for each of n agents: one value (or a 1-list) for all, or a list of exactly n."""
+    if not isinstance(value, list):
+        return [value] * n
+    if len(value) == 1:
+        return value * n
+    if len(value) != n:
+        raise ValueError(f"{what} has {len(value)} entries for {n} agents")
+    return list(value)
+
+
 def store_path(value: str, what: str = "data_dir") -> str:
     """A data dir given as a path or a `file://` URI, as a path. Other schemes are refused: the store commits by an
     atomic rename, which object storage (s3://, gs://, ...) does not have (see README, "Scale out")."""
@@ -562,14 +573,7 @@ class RayConfig(_Strict):
 
     def per_agent(self, field: str, n: int) -> list[float]:
         """`field` (num_cpus_per_agent | num_gpus_per_agent) for each of n agents."""
-        v = getattr(self, field)
-        if not isinstance(v, list):
-            return [float(v)] * n
-        if len(v) == 1:
-            return [float(v[0])] * n
-        if len(v) != n:
-            raise ValueError(f"ray.{field} has {len(v)} entries for {n} agents")
-        return [float(x) for x in v]
+        return [float(x) for x in per_agent_values(getattr(self, field), n, f"ray.{field}")]
 
 
 class TrackingConfig(_Strict):

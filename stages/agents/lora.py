@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from stages.agents.models import LORA_FILE, adapter_base, is_adapter_dir, load_merged, save_adapter  # noqa: F401
+from stages.agents.models import is_adapter_dir, load_merged
 from stages.agents.state import AgentState, Policies
 
 # PEFT still asks transformers 5 for a renamed attribute; nothing for a user to act on

@@ -101,16 +101,13 @@ def load_merged(adapter_dir: str | Path, dtype: str = "float32", attn: str | Non
     from peft import PeftModel
 
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)  # PEFT's
-    model, tok = load_agent(base or adapter_base(adapter_dir), dtype, attn, device)
-    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
-    if (Path(str(adapter_dir)) / "tokenizer_config.json").is_file():
+    own_tok = None
+    if (Path(str(adapter_dir)) / "tokenizer_config.json").is_file():  # the agent's tokenizer, saved beside it
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(str(adapter_dir))
-        tok.padding_side = "left"
-        if tok.pad_token is None:
-            tok.pad_token = tok.eos_token
-    return merged, tok
+        own_tok = AutoTokenizer.from_pretrained(str(adapter_dir))
+    model, tok = load_agent(base or adapter_base(adapter_dir), dtype, attn, device, tokenizer=own_tok)
+    return PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload(), tok
 
 
 def save_adapter(agent: AgentState, out: Path) -> None:

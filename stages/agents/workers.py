@@ -179,13 +179,7 @@ class WorkerPolicies:
 
 def agent_devices(spec: str | list[str] | None, n: int, default: str) -> list[str]:
     """Resolve agent_devices: None -> default for all; a str or 1-list broadcast; n-list one each."""
-    if spec is None:
-        return [default] * n
-    if isinstance(spec, str):
-        return [spec] * n
-    if len(spec) == 1:
-        return list(spec) * n
-    if len(spec) != n:
-        raise ValueError(f"agent_devices has {len(spec)} entries for {n} agents")
-    return list(spec)
+    from schemas.config import per_agent_values
+
+    return [default] * n if spec is None else per_agent_values(spec, n, "agent_devices")
 

@@ -22,8 +22,6 @@ from pathlib import Path
 
 __all__ = ["usable_cpus", "choose_threads", "apply_threads"]
 
-_APPLIED: dict = {}
-
 
 def _cgroup_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     """CPUs allowed by a cgroup CPU quota (v2 cpu.max, or v1 cfs files), None when unlimited or unknown."""
@@ -68,13 +66,11 @@ def choose_threads(setting: int | None, cgroup_root: Path = Path("/sys/fs/cgroup
     return max(1, cpus // runs_n), why
 
 
-def apply_threads(setting: int | None) -> tuple[int, str, bool]:
-    """Set torch's intra-op threads for this process; (threads, why, changed)."""
+def apply_threads(setting: int | None) -> tuple[int, str]:
+    """Set torch's intra-op threads for this process; (threads, why)."""
     import torch
 
     n, why = choose_threads(setting)
-    changed = torch.get_num_threads() != n
-    if changed:
+    if torch.get_num_threads() != n:
         torch.set_num_threads(n)
-    _APPLIED["last"] = (n, why)
-    return n, why, changed
+    return n, why

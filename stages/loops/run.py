@@ -250,9 +250,9 @@ def timing_totals(store: ArtifactStore, metrics_refs: list[ArtifactRef]) -> dict
     out: dict[str, float] = {}
     for ref in metrics_refs:
         for r in store.read_rows(ref):
-            k = r["key"]
-            if k.startswith("timing/") and k.endswith("_s"):
-                out[k.removeprefix("timing/")] = out.get(k.removeprefix("timing/"), 0.0) + r["value"]
+            k = r["key"].removeprefix("timing/")
+            if k != r["key"] and k.endswith("_s"):
+                out[k] = out.get(k, 0.0) + r["value"]
     return out
 
 

@@ -247,10 +247,10 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
             sk = scores_key(ctx, keys.rollouts, base)
             ref = store.find("rollouts", keys.rollouts)
             if ref is None:
-                r0 = getattr(ctx.caller, "seconds", 0.0)
+                r0 = ctx.caller.seconds
                 rows, scores = generate_tree(pol, items, fmts, ctx.sampling, ctx.episode, ctx.caller, ctx.processor,
                                              cfg.seed, u.index, base)
-                reward_dt = getattr(ctx.caller, "seconds", 0.0) - r0  # each depth is scored inside the tree
+                reward_dt = ctx.caller.seconds - r0  # each depth is scored inside the tree
                 timing["score_s"] += reward_dt
                 timing["reward_s"] += reward_dt
                 ref = store.put_table("rollouts", keys.rollouts, rows)
@@ -263,9 +263,9 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
             else:
                 rows = store.read_rows(ref)
                 t0 = time.perf_counter()
-                r0 = getattr(ctx.caller, "seconds", 0.0)
+                r0 = ctx.caller.seconds
                 sref, scores = score_or_load(ctx, rows, by_id, sk, base)
-                timing["reward_s"] += getattr(ctx.caller, "seconds", 0.0) - r0
+                timing["reward_s"] += ctx.caller.seconds - r0
             # --- advantages + update: the algorithm's strategy (critic-free baseline or actor-critic)
             step_fn = _actor_critic_update if is_actor_critic(cfg) else _baseline_update
             aref, per_turn, um = step_fn(ctx, pol, rows, scores, keys, u, timing, t0)

@@ -25,7 +25,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CallTimeout", "Failed", "invoke", "make_executor"]
+__all__ = ["CallTimeout", "Failed", "invoke", "make_executor", "serial"]
 
 
 class CallTimeout(Exception):
@@ -47,6 +47,16 @@ def invoke(fn: Callable, args: tuple, kwargs: dict, fallback: tuple | None) -> A
         if fallback is None:
             raise
         return fn(*fallback)
+
+
+def serial(call_one: Callable, calls: list[tuple]):
+    """call_one(*c) for each call in this process, yielding each result or its `Failed`; lazy, so a caller that
+    stops at the first failure runs nothing after it."""
+    for c in calls:
+        try:
+            yield call_one(*c)
+        except Exception as err:
+            yield Failed(err)
 
 
 def _invoke_job(job: tuple) -> Any:

@@ -185,36 +185,34 @@ class RewardCaller:
             kw["prompts"] = prompts
         return tuple(args), kw, tuple(per_agent)
 
-    def __call__(self, per_agent: list[list[str]], prompts: list[str], items: list[dict]) -> list[float]:
-        """Score joint action(s): per_agent[i] is agent i's list of completions (aligned by index)."""
+    def call(self, per_agent: list[list[str]], prompts: list[str], items: list[dict],
+             cross: bool = False) -> list[float]:
+        """One call here, in this process (under the timeout, with the opted-in retries), its wall time counted in
+        `seconds`; `cross`: the cross-mode call shape."""
         from stages.score.executors import invoke
 
-        args, kw, fallback = self._prepare(per_agent, prompts, items)
+        args, kw, fallback = self._prepare(per_agent, prompts, items, cross)
         t0 = time.perf_counter()
         try:
             out = self._guarded(lambda: invoke(self.fn, args, kw, fallback))
         finally:
             self.seconds += time.perf_counter() - t0
         return to_floats(out, self.name)
+
+    def __call__(self, per_agent: list[list[str]], prompts: list[str], items: list[dict]) -> list[float]:
+        """Score joint action(s): per_agent[i] is agent i's list of completions (aligned by index)."""
+        return self.call(per_agent, prompts, items)
 
     def call_cross(self, per_agent: list[list[str]], items: list[dict]) -> list[float]:
         """Cross mode calls the function directly: only batch_items is detected; a TypeError retries with one
         list of the N strings."""
-        from stages.score.executors import invoke
-
-        args, kw, fallback = self._prepare(per_agent, [], items, cross=True)
-        t0 = time.perf_counter()
-        try:
-            out = self._guarded(lambda: invoke(self.fn, args, kw, fallback))
-        finally:
-            self.seconds += time.perf_counter() - t0
-        return to_floats(out, self.name)
+        return self.call(per_agent, [], items, cross=True)
 
     def map(self, calls: list[tuple]):
         """Score many calls `(per_agent, prompts, items, cross)`; yields, in order, each call's floats or a
         `Failed` holding its error. Serial (and lazy: the caller may stop at the first failure) unless an
         executor is set (`reward.workers` > 1), which runs them concurrently (scores identical to serial)."""
-        from stages.score.executors import CallTimeout, Failed, picklable
+        from stages.score.executors import CallTimeout, Failed, picklable, serial
 
         ex = self.executor
         if ex is not None and ex.name == "process" and not picklable(self.fn):
@@ -224,11 +222,7 @@ class RewardCaller:
                 self._told = True
             ex = None
         if ex is None:
-            for per_agent, prompts, items, cross in calls:
-                try:
-                    yield self.call_cross(per_agent, items) if cross else self(per_agent, prompts, items)
-                except Exception as err:
-                    yield Failed(err)
+            yield from serial(self.call, calls)
             return
         jobs = [(self.fn, *self._prepare(pa, pr, it, cross)) for pa, pr, it, cross in calls]
         t0 = time.perf_counter()
@@ -243,11 +237,7 @@ class RewardCaller:
                                          "reward.timeout_s"))
                 return
             if isinstance(res, Failed) and self.retries:  # opted in: retried here, with backoff
-                per_agent, prompts, items, cross = call
-                try:
-                    yield self.call_cross(per_agent, items) if cross else self(per_agent, prompts, items)
-                except Exception as err:
-                    yield Failed(err)
+                yield from serial(self.call, [call])
                 continue
             if isinstance(res, Failed):
                 yield res

@@ -55,7 +55,7 @@ def score_rewards(rollouts: list[dict], items: dict[int, dict], caller: RewardCa
             calls.append(([[texts[node][(a, combo[a])]] for a in range(n)], [prompt], [item], cross))
     out: list[dict] = []
     env_step = env_step_base
-    for ((step, turn, node_id), item_id, j, combo), vals in zip(jobs, _results(caller, calls)):
+    for ((step, turn, node_id), item_id, j, combo), vals in zip(jobs, caller.map(calls)):
         if isinstance(vals, Failed):
             err = vals.error
             if isinstance(err, RewardError):  # it names the reward already: add where
@@ -73,18 +73,6 @@ def score_rewards(rollouts: list[dict], items: dict[int, dict], caller: RewardCa
                     "combo": list(combo), "reward_raw": raw, "reward": float(processor(raw)),
                     "env_step": env_step, "agent_rewards": []})
     return out
-
-
-def _results(caller, calls: list[tuple]):
-    """Each call's floats or Failed, in order: through the caller's fan-out when it has one."""
-    if hasattr(caller, "map"):
-        yield from caller.map(calls)
-        return
-    for per_agent, prompts, items, cross in calls:
-        try:
-            yield caller.call_cross(per_agent, items) if cross else caller(per_agent, prompts, items)
-        except Exception as err:
-            yield Failed(err)
 
 
 def score_nodes(rollouts: list[dict], items: dict[int, dict], caller: RewardCaller,
@@ -110,7 +98,7 @@ def score_nodes(rollouts: list[dict], items: dict[int, dict], caller: RewardCall
         k = 1 + max(s for (_, s) in texts[node])
         calls.append(([[texts[node][(a, j)] for j in range(k)] for a in range(n)],
                       [prompts[node][a] for a in range(n)], [item], False))
-    for node, (per_agent, _, _, _), raw in zip(nodes, calls, _results(caller, calls)):
+    for node, (per_agent, _, _, _), raw in zip(nodes, calls, caller.map(calls)):
         if isinstance(raw, Failed):
             raise raw.error
         step, turn, node_id = node
