@@ -144,9 +144,9 @@ class AgentsConfig(_Strict):
                                 "CPUs this process may use (affinity, cgroup quota) // the runs `coopflow serve` "
                                 "runs at once, or OMP_NUM_THREADS when exported.")
     lora: LoraSettings | None = Field(
-        None, description="Train a LoRA adapter per agent on one shared frozen base (all agents the same model; "
-                          "in-process runs of the MAGRPO family and preference flows); checkpoints hold adapters "
-                          "only (`coopflow merge-lora` exports full models). null = full fine-tuning.")
+        None, description="Train a LoRA adapter per agent on a frozen base (all agents the same model; in-process "
+                          "they share one copy of the base, mp workers / Ray actors each hold one); checkpoints hold "
+                          "adapters only (`coopflow merge-lora` exports full models). null = full fine-tuning.")
 
     @model_validator(mode="after")
     def _resolve(self) -> "AgentsConfig":
@@ -660,12 +660,6 @@ class RunConfig(_Strict):
                              "to plain, feedback or 'module:function' (or trainer.num_turns: 1 for single-turn)")
         if isinstance(self.formatters, list) and len(self.formatters) != self.agents.n:
             raise ValueError(f"formatters has {len(self.formatters)} entries but there are {self.agents.n} agents")
-        if self.agents.lora is not None:
-            if t.parallel_training != "none":
-                raise ValueError("agents.lora shares one base model in this process: trainer.parallel_training must "
-                                 f"be none, got {t.parallel_training!r}")
-            if self.algorithm in ("iac", "maac") or getattr(t, "rl_algorithm", None) in ("iac", "maac"):
-                raise ValueError("agents.lora is for the MAGRPO family and the preference flows (not actor-critic)")
         return self
 
     @property

@@ -1,6 +1,7 @@
 """Per-agent LoRA on one shared frozen base (issue 21): one base in memory, adapters only in checkpoints, the
-reference is the base with adapters disabled, resuming reloads adapters and optimizer states exactly, and
-`coopflow merge-lora` exports full models that compute what the adapters did."""
+reference is the base with adapters disabled, resuming reloads adapters and optimizer states exactly,
+`coopflow merge-lora` exports full models that compute what the adapters did, mp workers (a base copy each)
+train the same adapters as one process, and the actor-critic trainers train adapters with their value heads."""
 
 import subprocess
 import sys
@@ -111,7 +112,6 @@ def test_merge_lora_exports_full_models_that_match_the_adapters(tmp_path):
 
 @pytest.mark.parametrize("change, match", [
     ({"agents": {"agents": ["tiny", "other"], "agent_model": None, "num_agents": None}}, "must all be the same model"),
-    ({"trainer": {"parallel_training": "mp", "agent_devices": ["cpu"]}}, "parallel_training must be none"),
 ])
 def test_lora_refuses_what_it_cannot_share(tmp_path, change, match):
     cfg = _cfg(tmp_path)
@@ -130,3 +130,53 @@ def test_lora_learns_on_the_tiny_task_over_seeds(tmp_path, pinned_threads):
         s = run_direct(validate_config({**cfg, "seed": seed}))
         gains.append(s["reward_last"] - s["reward_first"])
     assert sum(gains) / 3 > 0.05, gains
+
+
+def test_lora_in_mp_workers_trains_the_same_adapters(tmp_path, pinned_threads):
+    """parallel_training: mp with LoRA: each worker holds its own base and one adapter (same seeded init), the KL
+    reference is that base with the adapter disabled; the run ends with the in-process run's adapters."""
+    kl = {"reference_kl_enabled": True, "reference_kl_coef": 0.5}
+    local = run_direct(validate_config(_cfg(tmp_path / "local", **kl)))
+    par = run_direct(validate_config(_cfg(tmp_path / "mp", parallel_training="mp", agent_devices=["cpu", "cpu"], **kl)))
+    assert Path(par["checkpoint"]).name == Path(local["checkpoint"]).name  # the mode is not part of the run key
+    assert par["reward_last"] == local["reward_last"] and par["eval"] == local["eval"]
+    wl, wp = _adapters(Path(local["checkpoint"])), _adapters(Path(par["checkpoint"]))
+    assert wl.keys() == wp.keys() and all(torch.allclose(wl[k], wp[k], atol=1e-6) for k in wl)
+    assert any(k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in wp.items())  # the adapters trained
+    assert not (Path(par["checkpoint"]) / "agent_0" / "model.safetensors").exists()
+
+
+def _ac_cfg(root: Path, algo: str, separate: bool, **trainer) -> dict:
+    if algo == "iac":
+        trainer["use_separate_critic"] = separate
+    cfg = _cfg(root, num_train_epochs=1, max_new_tokens=8, num_turns=1, rollout_buffer_size=2, eval_interval=0,
+               eval_num_samples=2, **trainer)
+    if separate or algo == "maac":
+        cfg["critic"] = {"critic_model": "tiny"}
+    return validate_config(cfg, algo)
+
+
+@pytest.mark.parametrize("algo, separate", [("iac", False), ("iac", True), ("maac", True)])
+def test_lora_actor_critic_trains_adapters_and_critics(tmp_path, algo, separate, pinned_threads):
+    """IAC/MAAC with LoRA actors: the actors' checkpoints hold adapters (+ the shared-mode value head beside
+    them), separate critics are full models; worker processes reach the in-process adapters and heads."""
+    local = run_direct(_ac_cfg(tmp_path / "local", algo, separate))
+    ck = Path(local["checkpoint"])
+    files = {p.name for p in (ck / "agent_0").iterdir()}
+    assert "adapter_model.safetensors" in files and "model.safetensors" not in files
+    assert ("value_head.pt" in files) == (not separate)
+    critic = {"iac": ck / "agent_0" / "critic", "maac": ck / "critic"}[algo] if separate else None
+    if critic is not None:
+        assert (critic / "model.safetensors").is_file() and (critic / "value_head.pt").is_file()
+    wl = _adapters(ck)
+    assert any(k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in wl.items())
+    devices = {"critic_devices": ["cpu", "cpu"] if algo == "iac" else "cpu"} if separate else {}
+    par = run_direct(_ac_cfg(tmp_path / "mp", algo, separate, parallel_training="mp", agent_devices=["cpu", "cpu"],
+                             **devices))
+    assert par["reward_last"] == local["reward_last"] and par["eval"] == local["eval"]
+    wp = _adapters(Path(par["checkpoint"]))
+    assert wl.keys() == wp.keys() and all(torch.allclose(wl[k], wp[k], atol=1e-6) for k in wl)
+    if not separate:
+        hl = torch.load(ck / "agent_1" / "value_head.pt", weights_only=True)["state_dict"]
+        hp = torch.load(Path(par["checkpoint"]) / "agent_1" / "value_head.pt", weights_only=True)["state_dict"]
+        assert all(torch.allclose(hl[k], hp[k], atol=1e-6) for k in hl)

@@ -119,3 +119,20 @@ def test_ray_actors_give_the_mp_workers_samples_and_weights(tmp_path, pinned_thr
     assert wm.keys() == wr.keys() and all(torch.equal(wm[k], wr[k]) for k in wm)
     ck = Path(ray_run["checkpoint"])
     assert (ck / "optimizer" / "agent_1.pt").is_file()
+
+
+@pytest.mark.slow
+def test_lora_agents_as_ray_actors_train_the_mp_adapters(tmp_path, pinned_threads):
+    """agents.lora with parallel_training: ray: each actor holds its base copy + adapter; same adapters as mp."""
+    from tests.test_lora import _adapters
+
+    trainer = {**small_config(tmp_path)["trainer"], "agent_learning_rate": 1e-2}
+    agents = {"agent_model": "tiny", "num_agents": 2, "lora": {"r": 4, "alpha": 8}}
+    mp_run = run_direct(validate_config(small_config(
+        tmp_path / "mp", agents=agents, trainer={**trainer, "parallel_training": "mp", "agent_devices": ["cpu", "cpu"]})))
+    ray_run = run_direct(validate_config(small_config(
+        tmp_path / "ray", agents=agents, trainer={**trainer, "parallel_training": "ray"},
+        ray={"local_num_cpus": 2, "object_store_mb": 128, "num_cpus_per_agent": 1})))
+    assert ray_run["reward_last"] == mp_run["reward_last"]
+    wm, wr = _adapters(Path(mp_run["checkpoint"])), _adapters(Path(ray_run["checkpoint"]))
+    assert wm and wm.keys() == wr.keys() and all(torch.equal(wm[k], wr[k]) for k in wm)

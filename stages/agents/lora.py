@@ -14,7 +14,14 @@ one frozen base in memory and each owns a small adapter (rank-r updates of the a
   in PEFT's format, `coopflow_lora.json` naming the base) and the tokenizer;
   `coopflow merge-lora CKPT OUT` writes full HF model dirs (base + adapter merged) for deployment.
 
-In-process only (`parallel_training: none`): worker processes would each need their own base.
+In-process (`parallel_training: none`) the N adapters share one base. With worker processes (`mp`) or
+Ray actors (`ray`) each agent lives elsewhere, so each loads its own copy of the (frozen) base and one
+adapter — the saving is then the optimizer state and checkpoints, not the base's weights; the adapter
+starts from the same seeded init as in-process, so every mode trains the same adapters.
+
+Actor-critic (IAC/MAAC): the actors are adapters; a shared-mode value head sits on the adapted actor
+and trains with its adapter; separate critics (IAC `use_separate_critic`, MAAC's central critic) are
+full models from `critic.model`, trained in full (pick a small one).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from artifacts import faults
 from stages.agents.models import is_adapter_dir, load_merged
 from stages.agents.state import AgentState, Policies
 
@@ -60,48 +68,98 @@ def _activate(model, name: str):
     return activate
 
 
-def load_lora_policies(base: str, adapters: list[str | None], settings, lr: float, dtype: str,
-                       attn: str | None, device: str, optimizer_files: list | None, with_reference: bool,
-                       seed: int) -> Policies:
-    """N agents as adapters on one base (`adapters[i]`: a stored adapter dir, or None for a new one)."""
-    from peft import get_peft_model
+def _add_adapter(peft, model, settings, index: int, src: str | None, seed: int, device: str):
+    """Add agent `index`'s adapter (seeded init; the stored weights of `src` when it is an adapter dir)."""
+    from peft import get_peft_model, set_peft_model_state_dict
+    from safetensors.torch import load_file
 
-    from stages.agents.models import load_agent, load_tensors
     from stages.common.seeds import derive_seed
 
+    name = f"agent_{index}"
+    with torch.random.fork_rng(devices=[]):  # the same init wherever the agent lives (in-process, worker, actor)
+        torch.manual_seed(derive_seed(seed, f"lora-{index}"))
+        if peft is None:
+            peft = get_peft_model(model, _peft_config(settings), adapter_name=name)
+        else:
+            peft.add_adapter(name, _peft_config(settings))
+    if src is not None:
+        set_peft_model_state_dict(peft, load_file(str(Path(src) / "adapter_model.safetensors"), device=device),
+                                  adapter_name=name)
+    return peft
+
+
+def _agent(peft, tok, index: int, lr: float, with_reference: bool, base: str) -> AgentState:
+    name = f"agent_{index}"
+    params = [p for n, p in peft.named_parameters() if f".{name}." in n]
+    for p in params:
+        p.requires_grad_(True)
+    return AgentState(peft, tok, lr, reference=BaseView(peft) if with_reference else None, adapter=name,
+                      trainable=params, activate=_activate(peft, name), base_source=str(base))
+
+
+def _settings(settings):
+    from schemas.config import LoraSettings
+
+    return settings if isinstance(settings, LoraSettings) else LoraSettings.model_validate(settings)
+
+
+def load_lora_policies(base: str, adapters: list[str | None], settings, lr: float, dtype: str,
+                       attn: str | None, device: str, optimizer_files: list | None, with_reference: bool,
+                       seed: int, specs: list[dict | None] | None = None) -> Policies:
+    """N agents as adapters on one base in this process (`adapters[i]`: a stored adapter dir, or None for a
+    new one); `specs[i]`: agent i's actor-critic load spec (value head / separate critic)."""
+    from stages.agents.models import attach_actor_critic, load_agent, load_tensors
+
+    settings = _settings(settings)
     model, tok = load_agent(base, dtype, attn, device)
     model.requires_grad_(False)
-    cfg = _peft_config(settings)
     peft = None
     for i, src in enumerate(adapters):
-        name = f"agent_{i}"
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(seed, f"lora-{i}"))
-            if peft is None:
-                peft = get_peft_model(model, cfg, adapter_name=name)
-            else:
-                peft.add_adapter(name, cfg)
-        if src is not None:
-            from peft import set_peft_model_state_dict
-            from safetensors.torch import load_file
-
-            set_peft_model_state_dict(peft, load_file(str(Path(src) / "adapter_model.safetensors"), device=device),
-                                      adapter_name=name)
+        peft = _add_adapter(peft, model, settings, i, src, seed, device)
     peft.eval()
     agents = []
-    for i in range(len(adapters)):
-        name = f"agent_{i}"
-        params = [p for n, p in peft.named_parameters() if f".{name}." in n]
-        for p in params:
-            p.requires_grad_(True)
-        agent = AgentState(peft, tok, lr, reference=BaseView(peft) if with_reference else None,
-                           adapter=name, trainable=params, activate=_activate(peft, name), base_source=str(base))
+    for i, src in enumerate(adapters):
+        agent = _agent(peft, tok, i, lr, with_reference, base)
+        attach_actor_critic(agent, src or base, (specs or [None] * len(adapters))[i], dtype, attn, device)
         opt = (optimizer_files or [None] * len(adapters))[i]
         if opt is not None and Path(opt).is_file():
             agent.ensure_optimizer().load_state_dict(load_tensors(opt, device))
         agents.append(agent)
     agents[0].activate()
     return Policies(agents)
+
+
+def load_lora_agent(source: str, lr: float, dtype: str, attn: str | None, device: str,
+                    optimizer_file: str | None, with_reference: bool, spec: dict) -> AgentState:
+    """One LoRA agent on its own copy of the base (a worker process or Ray actor holds one agent).
+
+    `source`: the base, or agent i's stored adapter dir; `spec["lora"]`: {"base", "index", "settings",
+    "seed"} (`lora_specs`), plus the agent's actor-critic keys. The adapter is initialised exactly as
+    in-process (same name, same seed), so the agent starts from the same weights; the frozen KL reference
+    is the base with the adapter disabled.
+    """
+    from stages.agents.models import attach_actor_critic, load_agent, load_tensors
+
+    lora = spec["lora"]
+    index = int(lora["index"])
+    model, tok = load_agent(lora["base"], dtype, attn, device)
+    model.requires_grad_(False)
+    faults.hit("prepare")
+    peft = _add_adapter(None, model, _settings(lora["settings"]), index,
+                        source if is_adapter_dir(source) else None, int(lora["seed"]), device)
+    peft.eval()
+    agent = _agent(peft, tok, index, lr, with_reference, lora["base"])
+    attach_actor_critic(agent, source, spec, dtype, attn, device)
+    if optimizer_file is not None and Path(optimizer_file).is_file():
+        agent.ensure_optimizer().load_state_dict(load_tensors(optimizer_file, device))
+    return agent
+
+
+def lora_specs(base: str, settings, seed: int, specs: list[dict | None]) -> list[dict]:
+    """Per-agent load specs for worker processes / Ray actors: each agent's own spec plus its LoRA part."""
+    lora = settings.model_dump(mode="json")
+    return [{**(s or {}), "lora": {"base": str(base), "index": i, "settings": lora, "seed": seed}}
+            for i, s in enumerate(specs)]
 
 
 def merge_checkpoint(checkpoint: str | Path, out: str | Path, base: str | None = None) -> list[Path]:

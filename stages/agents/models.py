@@ -211,33 +211,40 @@ def save_critic(crit: CriticState, out: Path, optimizer_file: Path | None = None
 
 def load_agent_state(source: str | Path, lr: float, dtype: str = "float32", attn_implementation: str | None = "sdpa",
                      device: str = "cpu", optimizer_file: Path | None = None, reference_source: str | None = None,
-                     reference_device: str | None = None, ac: dict | None = None) -> AgentState:
+                     reference_device: str | None = None, spec: dict | None = None) -> AgentState:
     """Load one agent (its optimizer state when a checkpoint has one, its frozen reference when asked).
 
-    `ac` (actor-critic runs): {"head": bool, "head_dim": int|None} attaches a value head (loaded from
-    `source/value_head.pt` when there); {"critic_source": ..., "critic_lr", "critic_head_dim",
-    "critic_device", "critic_optimizer_file"} loads this agent's separate critic.
+    `spec`, the agent's extra load spec (`stages.loops.actor_critic.agent_specs` for actor-critic runs):
+    {"head": bool, "head_dim": int|None} attaches a value head (loaded from `source/value_head.pt` when
+    there); {"critic_source": ..., "critic_lr", "critic_head_dim", "critic_device", "critic_optimizer_file"}
+    loads this agent's separate critic. (A LoRA agent is loaded by `stages.agents.lora.load_lora_agent`.)
     """
     model, tok = load_agent(source, dtype, attn_implementation, device)
     faults.hit("prepare")  # (tests: killed while the agents' models are being prepared)
     agent = AgentState(model, tok, lr)
-    if ac and ac.get("head"):
-        from stages.agents.value_heads import load_head, new_head
-
-        agent.value_head = load_head(Path(str(source)), resolve_device(device)) if Path(str(source)).is_dir() else None
-        agent.value_head = agent.value_head or new_head(model, ac.get("head_dim"), ac.get("head_seed"))
-    if ac and ac.get("critic_source"):
-        cf = ac.get("critic_optimizer_file")
-        agent.critic = load_critic(ac["critic_source"], ac["critic_lr"], ac.get("critic_head_dim"), dtype,
-                                   attn_implementation, ac.get("critic_device") or device, Path(cf) if cf else None, tok,
-                                   ac.get("head_seed"))
     if reference_source is not None:
         ref, _ = load_agent(reference_source, dtype, attn_implementation, reference_device or device)
         ref.requires_grad_(False)
         agent.reference = ref
+    attach_actor_critic(agent, source, spec, dtype, attn_implementation, device)
     if optimizer_file is not None and Path(optimizer_file).is_file():
         agent.ensure_optimizer().load_state_dict(load_tensors(optimizer_file, device))
     return agent
+
+
+def attach_actor_critic(agent: AgentState, source: str | Path, spec: dict | None, dtype: str,
+                        attn_implementation: str | None, device: str) -> None:
+    """Give an agent the value head or separate critic its spec asks for (nothing for other runs)."""
+    if spec and spec.get("head"):
+        from stages.agents.value_heads import load_head, new_head
+
+        agent.value_head = load_head(Path(str(source)), resolve_device(device)) if Path(str(source)).is_dir() else None
+        agent.value_head = agent.value_head or new_head(agent.model, spec.get("head_dim"), spec.get("head_seed"))
+    if spec and spec.get("critic_source"):
+        cf = spec.get("critic_optimizer_file")
+        agent.critic = load_critic(spec["critic_source"], spec["critic_lr"], spec.get("critic_head_dim"), dtype,
+                                   attn_implementation, spec.get("critic_device") or device, Path(cf) if cf else None,
+                                   agent.tokenizer, spec.get("head_seed"))
 
 
 def save_agent(agent: AgentState, out: Path, index: int) -> None:
@@ -262,15 +269,15 @@ def save_agent(agent: AgentState, out: Path, index: int) -> None:
 def load_policies(sources: list[str | Path], lr: float, dtype: str = "float32",
                   attn_implementation: str | None = "sdpa", device: str = "cpu",
                   optimizer_files: list[Path | None] | None = None, reference_sources: list[str] | None = None,
-                  reference_devices: list[str] | None = None, ac: list[dict | None] | None = None) -> Policies:
+                  reference_devices: list[str] | None = None, specs: list[dict | None] | None = None) -> Policies:
     """Load every agent from its source dir/id (with frozen references when reference_sources is given)."""
     n = len(sources)
     opts = optimizer_files or [None] * n
     refs = reference_sources or [None] * n
     rdev = reference_devices or [None] * n
-    acs = ac or [None] * n
+    specs = specs or [None] * n
     return Policies([load_agent_state(sources[i], lr, dtype, attn_implementation, device, opts[i], refs[i], rdev[i],
-                                      acs[i]) for i in range(n)])
+                                      specs[i]) for i in range(n)])
 
 
 def save_checkpoint(policies, out: Path, state: dict) -> None:

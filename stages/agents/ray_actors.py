@@ -74,12 +74,9 @@ class AgentActor:
         import torch
 
         torch.set_num_threads(max(1, threads))
-        from stages.agents.models import load_agent_state
+        from stages.agents.workers import load_remote_agent
 
-        source, lr, dtype, attn, device, optimizer_file, reference_source, reference_device, ac = load_args
-        self.agent = load_agent_state(source, lr, dtype, attn, device,
-                                      Path(optimizer_file) if optimizer_file else None, reference_source,
-                                      reference_device, ac)
+        self.agent = load_remote_agent(*load_args)
 
     def ready(self) -> str:
         """The node this actor runs on (start-up errors surface when this is awaited)."""
@@ -97,7 +94,7 @@ class RayPolicies:
     def __init__(self, sources: list[str | Path], lr: float, dtype: str, attn: str | None, devices: list[str],
                  settings, optimizer_files: list[Path | None] | None = None,
                  reference_sources: list[str] | None = None, reference_devices: list[str] | None = None,
-                 ac: list[dict | None] | None = None):
+                 specs: list[dict | None] | None = None):
         ray = ensure_ray(settings)
         n = len(sources)
         cpus = settings.per_agent("num_cpus_per_agent", n)
@@ -105,7 +102,7 @@ class RayPolicies:
         opts = optimizer_files or [None] * n
         refs = reference_sources or [None] * n
         rdev = reference_devices or [None] * n
-        acs = ac or [None] * n
+        specs = specs or [None] * n
         remote = ray.remote(AgentActor)
         self.state: dict = {}
         self.critic = None  # MAAC's central critic lives in the main process
@@ -114,7 +111,7 @@ class RayPolicies:
         self._actors = []
         for i in range(n):
             args = (str(sources[i]), lr, dtype, attn, devices[i], str(opts[i]) if opts[i] else None,
-                    str(refs[i]) if refs[i] else None, rdev[i], acs[i])
+                    str(refs[i]) if refs[i] else None, rdev[i], specs[i])
             self._actors.append(remote.options(num_cpus=cpus[i], num_gpus=gpus[i], name=None,
                                                max_restarts=0).remote(int(cpus[i]), args))
         try:

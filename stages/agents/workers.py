@@ -23,17 +23,15 @@ from pathlib import Path
 
 def _worker(conn, source: str, lr: float, dtype: str, attn: str | None, device: str, threads: int,
             optimizer_file: str | None, reference_source: str | None = None, reference_device: str | None = None,
-            ac: dict | None = None) -> None:
+            spec: dict | None = None) -> None:
     """Worker loop: load the agent, then serve ops until 'close'."""
     try:
         import torch
 
         if threads > 0:
             torch.set_num_threads(threads)
-        from stages.agents.models import load_agent_state
-
-        agent = load_agent_state(source, lr, dtype, attn, device, Path(optimizer_file) if optimizer_file else None,
-                                 reference_source, reference_device, ac)
+        agent = load_remote_agent(source, lr, dtype, attn, device, optimizer_file, reference_source,
+                                  reference_device, spec)
         conn.send(("ok", None))
     except BaseException as err:  # report load errors to the parent
         conn.send(("error", (type(err).__name__, str(err), traceback.format_exc())))
@@ -50,6 +48,20 @@ def _worker(conn, source: str, lr: float, dtype: str, attn: str | None, device: 
             conn.send(("ok", op(agent, *args)))
         except BaseException as err:
             conn.send(("error", (type(err).__name__, str(err), traceback.format_exc())))
+
+
+def load_remote_agent(source: str, lr: float, dtype: str, attn: str | None, device: str, optimizer_file: str | None,
+                      reference_source: str | None, reference_device: str | None, spec: dict | None):
+    """The agent a worker process or Ray actor holds: a full model, or (spec["lora"]) a LoRA adapter on its own
+    copy of the base."""
+    if spec and spec.get("lora"):
+        from stages.agents.lora import load_lora_agent
+
+        return load_lora_agent(source, lr, dtype, attn, device, optimizer_file, reference_source is not None, spec)
+    from stages.agents.models import load_agent_state
+
+    return load_agent_state(source, lr, dtype, attn, device, Path(optimizer_file) if optimizer_file else None,
+                            reference_source, reference_device, spec)
 
 
 _REraise = {"FloatingPointError": FloatingPointError, "ValueError": ValueError, "TypeError": TypeError,
@@ -89,9 +101,9 @@ class WorkerPolicies:
 
     def __init__(self, sources: list[str | Path], lr: float, dtype: str, attn: str | None, devices: list[str],
                  optimizer_files: list[Path | None] | None = None, reference_sources: list[str] | None = None,
-                 reference_devices: list[str] | None = None, ac: list[dict | None] | None = None):
+                 reference_devices: list[str] | None = None, specs: list[dict | None] | None = None):
         n = len(sources)
-        acs = ac or [None] * n
+        specs = specs or [None] * n
         cpu_workers = sum(1 for d in devices if d == "cpu")
         # the CPU workers share this process's torch thread budget (all cores by default, OMP_NUM_THREADS when set),
         # so an mp run uses as many threads as the in-process run would, split between the agents
@@ -110,7 +122,7 @@ class WorkerPolicies:
             p = ctx.Process(target=_worker, name=f"coopflow-agent-{i}", daemon=True,
                             args=(child, str(sources[i]), lr, dtype, attn, devices[i],
                                   threads if devices[i] == "cpu" else 0, str(opts[i]) if opts[i] else None,
-                                  str(refs[i]) if refs[i] else None, rdev[i], acs[i]))
+                                  str(refs[i]) if refs[i] else None, rdev[i], specs[i]))
             p.start()
             child.close()  # only the worker holds its end: a dead worker then reads as EOF, not a hang
             self._conns.append(parent)

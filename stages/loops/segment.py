@@ -65,12 +65,16 @@ def _open_policies(ctx: RunContext, sources: list, optimizer_files: list | None,
     if checkpoint is not None and ctx.cfg.algorithm == "iac" and critics:
         critics = [str(checkpoint.agent_critic(i)) for i in range(ctx.n)]
     specs = AC.agent_specs(ctx.cfg, critics, devices, checkpoint)
-    if a.lora is not None:  # one shared base, an adapter per agent (sources: the base, or stored adapter dirs)
+    if a.lora is not None and t.parallel_training != "none":  # each worker/actor: its own base copy + its adapter
+        from stages.agents.lora import lora_specs
+
+        specs = lora_specs(ctx.sources[0], a.lora, ctx.cfg.seed, specs)
+    if a.lora is not None and t.parallel_training == "none":  # one shared base, an adapter per agent
         from stages.agents.lora import is_adapter_dir, load_lora_policies
 
         pol = load_lora_policies(ctx.sources[0], [s if is_adapter_dir(s) else None for s in sources], a.lora,
                                  t.agent_learning_rate, a.dtype, a.attn_implementation, a.device, optimizer_files,
-                                 t.reference_kl_enabled, ctx.cfg.seed)
+                                 t.reference_kl_enabled, ctx.cfg.seed, specs)
     elif t.parallel_training == "mp":
         pol = WorkerPolicies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, devices,
                              optimizer_files, refs, rdev, specs)
