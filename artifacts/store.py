@@ -8,6 +8,10 @@ a stage is cached before running it; the sha256 of the *output* is verified on e
 Writes are atomic: everything goes to a hidden temp dir beside the target and is renamed into
 place in one step, so a killed process never leaves a half-written artifact that looks complete.
 An existing artifact is never overwritten.
+
+With a remote (`remote_store`: object storage through fsspec, see `artifacts.remote`) the local store
+is the working cache: each commit is also published there, and an artifact missing here is fetched
+from there, verified, and renamed into place like a local write.
 """
 
 import errno
@@ -92,12 +96,28 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-class ArtifactStore:
-    """Artifacts under one root directory."""
+PUBLISHED = ".published"  # in a local artifact dir: its remote copy is committed (not part of the artifact)
 
-    def __init__(self, root: str | os.PathLike):
+
+class ArtifactStore:
+    """Artifacts under one root directory (mirrored to `remote`, an fsspec URL, when given)."""
+
+    def __init__(self, root: str | os.PathLike, remote: str | None = None, remote_options: dict | None = None):
         self.root = Path(root).expanduser().resolve()
         self.root.mkdir(parents=True, exist_ok=True)
+        self.remote = None
+        if remote:
+            from artifacts.remote import RemoteError, RemoteMirror
+
+            try:
+                self.remote = RemoteMirror(remote, remote_options)
+            except RemoteError as err:
+                raise ArtifactError(str(err)) from None
+
+    @classmethod
+    def of(cls, cfg) -> "ArtifactStore":
+        """The store of a run config: `<data_dir>/artifacts`, mirrored to its `remote_store` when set."""
+        return cls(cfg.resolved_data_dir() / "artifacts", cfg.resolved_remote_store(), cfg.remote_store_options)
 
     # --- lookup ----------------------------------------------------------------------------------
 
@@ -111,15 +131,25 @@ class ArtifactStore:
         return self.path(ref.kind, ref.key)
 
     def find(self, kind: str, key: str) -> ArtifactRef | None:
-        """The ref of a completed artifact, or None when it was never written."""
+        """The ref of a completed artifact (fetched from the remote when only it has it), or None."""
         ref_file = self.path(kind, key) / "ref.json"
         if not ref_file.is_file():
-            return None
+            return self._fetch(kind, key) if self.remote is not None else None
         try:
-            return ArtifactRef.model_validate_json(ref_file.read_text())
+            ref = ArtifactRef.model_validate_json(ref_file.read_text())
         except ValueError as err:
             raise ArtifactError(f"artifact record {ref_file} is corrupted ({err.__class__.__name__}); "
                                 f"delete {ref_file.parent} to recompute it") from None
+        if self.remote is not None and not (ref_file.parent / PUBLISHED).is_file():
+            self._publish(ref)  # committed here while the remote was unreachable (or before it was configured)
+        return ref
+
+    def _local(self, ref: ArtifactRef) -> Path:
+        """Where a ref's files are here, fetching them from the remote first when only it has them."""
+        root = self.location(ref)
+        if self.remote is not None and not (root / "ref.json").is_file():
+            self.find(ref.kind, ref.key)
+        return root
 
     # --- tables ----------------------------------------------------------------------------------
 
@@ -146,7 +176,7 @@ class ArtifactStore:
 
     def read_table(self, ref: ArtifactRef) -> pa.Table:
         """Read a table artifact, verifying its sha256 and schema."""
-        path = self.location(ref) / "data.parquet"
+        path = self._local(ref) / "data.parquet"
         if not path.is_file():
             raise ArtifactError(f"artifact {ref.kind}/{ref.key} is missing its data file {path}")
         digest = sha256_file(path)
@@ -186,7 +216,7 @@ class ArtifactStore:
 
     def open_dir(self, ref: ArtifactRef) -> Path:
         """Directory of a dir artifact after verifying every file against its manifest."""
-        root = self.location(ref)
+        root = self._local(ref)
         manifest_path = root / "manifest.json"
         if not manifest_path.is_file():
             raise ArtifactError(f"artifact {ref.kind}/{ref.key} is missing its manifest {manifest_path}")
@@ -238,22 +268,95 @@ class ArtifactStore:
                     return done
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            return ref
         except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(err, Exception) and _out_of_space(err):
-                free = shutil.disk_usage(self.root).free
-                raise StoreFullError(
-                    f"no space left under {self.root} while writing a {kind} artifact ({free / 2**20:.1f} MiB free "
-                    "now); its partial write was removed and every stored artifact is intact: free some space and "
-                    "rerun the same command to continue from the stored stages") from err
+            self._raise_if_full(err, kind)
+            raise
+        if self.remote is not None:
+            self._publish(ref)
+        return ref
+
+    def _raise_if_full(self, err: BaseException, kind: str) -> None:
+        if isinstance(err, Exception) and _out_of_space(err):
+            free = shutil.disk_usage(self.root).free
+            raise StoreFullError(
+                f"no space left under {self.root} while writing a {kind} artifact ({free / 2**20:.1f} MiB free "
+                "now); its partial write was removed and every stored artifact is intact: free some space and "
+                "rerun the same command to continue from the stored stages") from err
+
+    # --- remote mirror (artifacts.remote) ----------------------------------------------------------
+
+    def _publish(self, ref: ArtifactRef) -> None:
+        """Publish a committed local artifact to the remote, then mark it published here."""
+        from artifacts.remote import RemoteError
+
+        root = self.location(ref)
+        try:
+            self.remote.publish(ref.kind, ref.key, root, (root / "ref.json").read_text())
+        except RemoteError as err:
+            raise ArtifactError(f"{err} (the artifact is intact locally; rerun to publish it)") from None
+        (root / PUBLISHED).touch()
+
+    def _fetch(self, kind: str, key: str) -> ArtifactRef | None:
+        """Download a remote artifact into place here (verified first), or None when the remote lacks it."""
+        from artifacts.remote import RemoteError
+
+        try:
+            record = self.remote.record(kind, key)
+        except RemoteError as err:
+            raise ArtifactError(str(err)) from None
+        if record is None:
+            return None
+        try:
+            ref = ArtifactRef.model_validate(record["ref"])
+        except ValueError:
+            raise ArtifactError(f"commit record of {kind}/{key} on {self.remote.url} holds no valid ref") from None
+        if (ref.kind, ref.key) != (kind, key):
+            raise ArtifactError(f"commit record of {kind}/{key} on {self.remote.url} names {ref.kind}/{ref.key}")
+        final = self.path(kind, key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f".tmp-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            self.remote.download(kind, key, record, tmp)
+            self._verify(tmp, ref, f"{self.remote.url}/{kind}/{key}")
+            (tmp / "ref.json").write_text(ref.model_dump_json(indent=1))
+            (tmp / PUBLISHED).touch()
+            if final.exists():
+                if (final / "ref.json").is_file():  # a concurrent fetch or write got here first
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    return self.find(kind, key)
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            return ref
+        except RemoteError as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ArtifactError(str(err)) from None
+        except BaseException as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            self._raise_if_full(err, kind)
             raise
 
+    @staticmethod
+    def _verify(root: Path, ref: ArtifactRef, where: str) -> None:
+        """Check a downloaded artifact dir against its ref (the table's sha256, or the manifest and its files)."""
+        table, manifest = root / "data.parquet", root / "manifest.json"
+        if manifest.is_file():
+            if sha256_file(manifest) != ref.sha256:
+                raise ArtifactError(f"{where}: the manifest does not match the commit record's sha256")
+            for rel, digest in json.loads(manifest.read_text())["files"].items():
+                if not (root / rel).is_file() or sha256_file(root / rel) != digest:
+                    raise ArtifactError(f"{where}: file {rel} is missing or corrupted (sha256 mismatch)")
+        elif not table.is_file() or sha256_file(table) != ref.sha256:
+            raise ArtifactError(f"{where}: data.parquet is missing or corrupted (sha256 mismatch)")
+
     def remove(self, kind: str, key: str) -> bool:
-        """Delete one artifact (renamed away first, so readers never see half of it); True if it existed."""
+        """Delete one artifact here and on the remote (renamed away / its commit record deleted first, so readers
+        never see half of it); True if it existed."""
+        remote = self.remote.remove(kind, key) if self.remote is not None else False
         final = self.path(kind, key)
         if not final.exists():
-            return False
+            return remote
         trash = final.parent / f".tmp-del-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         os.replace(final, trash)
         shutil.rmtree(trash, ignore_errors=True)

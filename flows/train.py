@@ -158,7 +158,7 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
     logger = get_run_logger()
     _use_threads(cfg, logger)
     data = cfg.resolved_data_dir()
-    store = ArtifactStore(data / "artifacts")
+    store = ArtifactStore.of(cfg)
     store.clean_temp()
     tr = cfg.tracking
     tracker = tracker_for(cfg)
@@ -366,7 +366,7 @@ def run_preference(algorithm: str, config: dict | None, config_path: str | None,
     logger = get_run_logger()
     _use_threads(cfg, logger)
     data = cfg.resolved_data_dir()
-    store = ArtifactStore(data / "artifacts")
+    store = ArtifactStore.of(cfg)
     store.clean_temp()
     tr = cfg.tracking
     tracker = tracker_for(cfg)
@@ -524,7 +524,7 @@ def run_iterative(algorithm: str, config: dict | None, config_path: str | None,
 
     cfg = load_config(config_path, overrides, algorithm=algorithm, base=config)
     data = cfg.resolved_data_dir()
-    store = ArtifactStore(data / "artifacts")
+    store = ArtifactStore.of(cfg)
     store.clean_temp()
     tr = cfg.tracking
     parent = tracker_for(cfg)

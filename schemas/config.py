@@ -63,9 +63,9 @@ def store_path(value: str, what: str = "data_dir") -> str:
 
     u = urlparse(value)
     if u.scheme != "file":
-        raise ValueError(f"{what} {value!r}: a {u.scheme}:// store is not supported (artifacts commit by an atomic "
-                         "rename, which object storage lacks): use a local path, a file:// URI or a shared POSIX "
-                         "filesystem mounted at the same path on every machine (NFS, Lustre, CephFS, ...)")
+        raise ValueError(f"{what} {value!r}: a {u.scheme}:// data dir is not supported (the local store commits by an "
+                         "atomic rename, which object storage lacks): keep data_dir a local path (or a shared POSIX "
+                         f"mount) and set remote_store: {value} to mirror the artifacts to object storage")
     if u.netloc not in ("", "localhost"):
         raise ValueError(f"{what} {value!r}: a file:// URI names this machine's files (file:///path); mount "
                          f"{u.netloc}'s share locally instead")
@@ -603,6 +603,13 @@ class RunConfig(_Strict):
     seed: int = Field(0, description="Seed of generation sampling, minibatch shuffles and the tiny model.")
     data_dir: str | None = Field(None, description="Data directory (a path or a file:// URI); null = $COOPFLOW_HOME "
                                                    "or ./.coopflow.")
+    remote_store: str | None = Field(
+        None, description="Object storage that mirrors the artifact store (an fsspec URL: s3://bucket/prefix, "
+                          "gs://..., az://...): commits are published there, missing artifacts fetched and verified; "
+                          "the data dir stays the local cache. null = $COOPFLOW_REMOTE_STORE, else none.")
+    remote_store_options: dict[str, Any] = Field(
+        default_factory=dict, description="fsspec storage options of remote_store (e.g. {endpoint_url: ...}); keep "
+                                          "credentials in the environment (AWS_ACCESS_KEY_ID, ...), not here.")
     checkpoint_every: int = Field(0, ge=0, description="Write a checkpoint every this many updates (0 = once per epoch).")
     eval_before: bool = Field(True, description="Evaluate the initial policies before training on the same eval "
                                                 "items and eval seed as the final evaluation (summary eval_before, "
@@ -702,6 +709,18 @@ class RunConfig(_Strict):
     def resolved_data_dir(self) -> Path:
         """Where artifacts, MLflow and Prefect state live."""
         return data_dir_path(self.data_dir)
+
+    def resolved_remote_store(self) -> str | None:
+        """The object-store URL mirroring the artifacts (`remote_store` > $COOPFLOW_REMOTE_STORE), or None."""
+        return self.remote_store or os.environ.get("COOPFLOW_REMOTE_STORE") or None
+
+    @field_validator("remote_store")
+    @classmethod
+    def _remote(cls, v: str | None) -> str | None:
+        if v is not None and "://" not in v:
+            raise ValueError(f"remote_store {v!r} is not a URL: give an fsspec URL such as s3://bucket/prefix (a "
+                             "local or mounted path belongs in data_dir)")
+        return v
 
     @field_validator("data_dir")
     @classmethod

@@ -275,7 +275,7 @@ def run_preference_direct(cfg: RunConfig, store: ArtifactStore | None = None, se
     """MADPO or MARLHF end to end by calling the stages directly; returns a summary dict."""
     from stages.tasks.taskset import build_taskset
 
-    store = store or ArtifactStore(cfg.resolved_data_dir() / "artifacts")
+    store = store or ArtifactStore.of(cfg)
     ctx = preference_context(cfg, store, build_taskset(cfg.taskset, store), session)
     try:
         out = _preference_direct(ctx)

@@ -89,7 +89,8 @@ def preflight(cfg: RunConfig) -> None:
     d = _data_dir(cfg)
     check_user_code(cfg)
     try:
-        build_taskset(cfg.taskset, ArtifactStore(d / "artifacts"))
+        build_taskset(cfg.taskset, ArtifactStore(d / "artifacts", cfg.resolved_remote_store(),
+                                                  cfg.remote_store_options))
     except (FileNotFoundError, ValueError, KeyError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         raise PreflightError(f"taskset: {msg}" if not str(msg).startswith("taskset") else str(msg)) from None

@@ -153,7 +153,7 @@ def run_direct(cfg: RunConfig, store: ArtifactStore | None = None, show_progress
     loop (generate, score, update, checkpoint) without model loading (`load_seconds`); `wall_seconds`
     covers everything up to the final evaluation.
     """
-    store = store or ArtifactStore(cfg.resolved_data_dir() / "artifacts")
+    store = store or ArtifactStore.of(cfg)
     t0 = time.perf_counter()
     ctx = make_context(cfg, store, build_taskset(cfg.taskset, store), session=session)
     try:
