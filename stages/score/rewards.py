@@ -217,11 +217,12 @@ class RewardCaller:
         from stages.common.progress import Heartbeat
 
         beat = Heartbeat(log, f"score {self.name}", len(calls), unit)
-        n = 0
         for n, res in enumerate(self._map(calls, beat.tick), 1):
-            beat.tick(n)
+            if n == len(calls):  # callers stop pulling after the last result: say done before yielding it
+                beat.done(n)
+            else:
+                beat.tick(n)
             yield res
-        beat.done(n)
 
     def _map(self, calls: list[tuple], progress):
         from stages.score.executors import CallTimeout, Failed, picklable, serial
