@@ -168,7 +168,7 @@ def test_keys_of_configs_without_held_out_fields_are_unchanged(tmp_path):
     assert taskset_key(plain)[0] != taskset_key(TasksetConfig(name=str(path), eval_fraction=0.2))[0]
 
 
-def test_a_run_evaluates_on_held_out_items_and_warns_when_it_cannot(tmp_path):
+def test_a_run_evaluates_on_held_out_items_and_warns_when_it_cannot(tmp_path, caplog):
     from schemas.config import validate_config
     from stages.loops.context import make_context
     from stages.loops.run import run_direct
@@ -197,3 +197,4 @@ def test_a_run_evaluates_on_held_out_items_and_warns_when_it_cannot(tmp_path):
     warns = make_context(same, store2, build_taskset(same.taskset, store2)).plan.warnings
     assert len(warns) == 1 and "evaluation runs on training items: 2 of the 2 eval items" in warns[0]
     assert "taskset.eval_fraction" in warns[0]
+    assert not any("training items" in r.getMessage() for r in caplog.records)  # the held-out run said nothing
