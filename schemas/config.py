@@ -187,11 +187,11 @@ class TasksetConfig(_Strict):
     name: str = Field("story-length-ratio",
                       description="Built-in taskset name, a local .parquet/.jsonl/.json/.csv file, a dir saved by "
                                   "datasets' save_to_disk, or 'hf:<dataset id>'.")
-    split: str = Field("train", description="Split to train on (for files: all rows, less those eval_fraction holds out; for HF "
-                                          "datasets: the split name).")
+    split: str = Field("train", description="Split to train on (for files: all rows, less those eval_fraction "
+                                            "holds out; for HF datasets: the split name).")
     eval_split: str | None = Field(
-        None, description="Split to evaluate on; null uses the source's own eval split, else eval_fraction / eval_file, "
-                          "else the training items (with a warning).")
+        None, description="Split to evaluate on; null uses the source's own eval split, else eval_fraction / "
+                          "eval_file, else the training items (with a warning).")
     prompt_column: str = Field("prompt", description="Column holding the prompt text.")
     prompt_template: str | None = Field(
         None, description="Python format string over the row's columns that builds the prompt, e.g. 'Summarize: {text}'.")
