@@ -4,9 +4,12 @@
 - PREFECT_HOME=<data>/prefect (the local/ephemeral Prefect server's SQLite DB and results),
   a 120 s ephemeral start-up timeout (the 20 s default is too short on a 2-core machine), analytics off;
 - MLFLOW_TRACKING_URI=sqlite:///<data>/mlflow.db, telemetry off;
-- HF offline-friendly quiet settings.
+- HF offline-friendly quiet settings;
+- the `stages` loggers at INFO (unless already set), so a run shows the stages' heartbeats (generation
+  tokens/s, joint actions scored; `stages.common.progress`) — Prefect's console shows WARNING and up otherwise.
 """
 
+import logging
 import os
 from pathlib import Path
 
@@ -46,4 +49,7 @@ def configure(explicit: str | None = None) -> Path:
     }
     for k, v in defaults.items():
         os.environ.setdefault(k, v)
+    stages = logging.getLogger("stages")
+    if stages.level == logging.NOTSET:
+        stages.setLevel(logging.INFO)
     return d

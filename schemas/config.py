@@ -187,14 +187,49 @@ class TasksetConfig(_Strict):
     name: str = Field("story-length-ratio",
                       description="Built-in taskset name, a local .parquet/.jsonl/.json/.csv file, a dir saved by "
                                   "datasets' save_to_disk, or 'hf:<dataset id>'.")
-    split: str = Field("train", description="Split to train on (for files: all rows; for HF datasets: the split name).")
+    split: str = Field("train", description="Split to train on (for files: all rows, less those eval_fraction "
+                                            "holds out; for HF datasets: the split name).")
     eval_split: str | None = Field(
-        None, description="Split to evaluate on; null uses the built-in taskset's eval split, else the train split.")
+        None, description="Split to evaluate on; null uses the source's own eval split, else eval_fraction / "
+                          "eval_file, else the training items (with a warning).")
     prompt_column: str = Field("prompt", description="Column holding the prompt text.")
     prompt_template: str | None = Field(
         None, description="Python format string over the row's columns that builds the prompt, e.g. 'Summarize: {text}'.")
     num_items: int | None = Field(None, ge=1, description="Use only the first N training items (null: all).")
     num_eval_items: int | None = Field(None, ge=1, description="Use only the first N eval items (null: all).")
+    eval_fraction: float | None = Field(
+        None, ge=0.0, lt=1.0, description="Hold out this fraction of a source without an eval split of its own (a "
+                                          "file, an hf: split) as the eval split, chosen by a seeded hash of each row.")
+    eval_file: str | None = Field(
+        None, description="A separate .parquet/.jsonl/.json/.csv file of eval items (same columns) for a source "
+                          "without an eval split of its own; its ids must not repeat training ids.")
+    eval_split_seed: int = Field(0, description="Seed of the eval_fraction hash: another seed holds out other rows.")
+
+    @model_validator(mode="after")
+    def _held_out(self) -> "TasksetConfig":
+        if self.eval_fraction is not None and self.eval_file is not None:
+            raise ValueError("taskset.eval_fraction and taskset.eval_file both set: choose one held-out eval split")
+        if self.eval_fraction == 0.0:
+            raise ValueError("taskset.eval_fraction 0 holds out nothing: leave it null to evaluate on the training "
+                             "items, or set a fraction in (0, 1)")
+        given = "eval_fraction" if self.eval_fraction is not None else "eval_file" if self.eval_file else None
+        if given and self.eval_split is not None:
+            raise ValueError(f"taskset.{given} and taskset.eval_split both set: eval_split names the source's own "
+                             f"eval split, {given} makes one from a source without it")
+        if self.eval_file is not None and not self.eval_file.strip():
+            raise ValueError("taskset.eval_file is empty: give a file path or null")
+        return self
+
+    def key_fields(self) -> dict:
+        """The fields a taskset key holds: the held-out-split fields only when set, so the keys of configs without
+        them are those they had before these fields existed."""
+        data = self.model_dump()
+        for name in ("eval_fraction", "eval_file"):
+            if data[name] is None:
+                data.pop(name)
+        if self.eval_fraction is None:  # the seed only matters to a fraction's split
+            data.pop("eval_split_seed")
+        return data
 
 
 # --- reward --------------------------------------------------------------------------------------

@@ -13,19 +13,64 @@ time (~5 s per worker on 2 cores). The fork server is a clean process of its own
 so no threads or CUDA state of the parent are forked.
 
 Sampling seeds are per (seed, update, agent), so the samples equal the in-process mode's on CPU.
+
+Logging: a worker sends each log record of its `stages.*` loggers (at the main process's level, e.g. the
+generation heartbeat) to the main process as a ('log', ...) message on its pipe, between the op's start and
+its result; the main process logs it under the same logger name, so it reaches the same handlers (Prefect's
+console, the bar-safe handler) as its own lines. Results are collected from whichever worker is ready, so
+one agent's lines are not held back while another agent's op runs.
 """
 
+import logging
 import multiprocessing as mp
 import traceback
+from multiprocessing.connection import wait
 from pathlib import Path
 
+
+class _PipeLogHandler(logging.Handler):
+    """In a worker: each record goes to the main process as ('log', (logger name, level, message))."""
+
+    def __init__(self, conn):
+        super().__init__()
+        self.conn = conn
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+            if record.exc_info:
+                msg += "\n" + logging.Formatter().formatException(record.exc_info)
+            self.conn.send(("log", (record.name, record.levelno, msg)))
+        except Exception:
+            self.handleError(record)
+
+
+def _forward_logs(conn, settings: dict) -> None:
+    """Route this worker's `stages.*` records to the main process, at its level and heartbeat interval."""
+    from stages.common import progress
+
+    progress.HEARTBEAT_S = settings.get("heartbeat_s", progress.HEARTBEAT_S)
+    root = logging.getLogger()
+    root.handlers = [_PipeLogHandler(conn)]
+    logging.getLogger("stages").setLevel(settings.get("level", logging.WARNING))
+
+
+def _relay(conn):
+    """The next non-log message from a worker; log messages on the way are logged here."""
+    while True:
+        msg = conn.recv()
+        if msg[0] != "log":
+            return msg
+        name, level, text = msg[1]
+        logging.getLogger(name).log(level, "%s", text)
 
 
 def _worker(conn, source: str, lr: float, dtype: str, attn: str | None, device: str, threads: int,
             optimizer_file: str | None, reference_source: str | None = None, reference_device: str | None = None,
-            spec: dict | None = None) -> None:
+            spec: dict | None = None, log_settings: dict | None = None) -> None:
     """Worker loop: load the agent, then serve ops until 'close'."""
     try:
+        _forward_logs(conn, log_settings or {})
         import torch
 
         if threads > 0:
@@ -111,6 +156,9 @@ class WorkerPolicies:
 
         threads = max(1, torch.get_num_threads() // max(1, cpu_workers))
         ctx = _context()
+        from stages.common import progress
+
+        logs = {"level": logging.getLogger("stages").getEffectiveLevel(), "heartbeat_s": progress.HEARTBEAT_S}
         self.state: dict = {}
         self.critic = None  # MAAC's central critic lives in the main process
         self._conns, self._procs = [], []
@@ -122,7 +170,7 @@ class WorkerPolicies:
             p = ctx.Process(target=_worker, name=f"coopflow-agent-{i}", daemon=True,
                             args=(child, str(sources[i]), lr, dtype, attn, devices[i],
                                   threads if devices[i] == "cpu" else 0, str(opts[i]) if opts[i] else None,
-                                  str(refs[i]) if refs[i] else None, rdev[i], specs[i]))
+                                  str(refs[i]) if refs[i] else None, rdev[i], specs[i], logs))
             p.start()
             child.close()  # only the worker holds its end: a dead worker then reads as EOF, not a hang
             self._conns.append(parent)
@@ -133,7 +181,7 @@ class WorkerPolicies:
         try:
             for i, c in enumerate(self._conns):
                 try:
-                    status, payload = c.recv()
+                    status, payload = _relay(c)
                 except EOFError:
                     raise RuntimeError(
                         f"agent {i} worker exited during start-up (exit code {self._procs[i].exitcode}). Workers "
@@ -159,18 +207,25 @@ class WorkerPolicies:
         """Send the per-agent op `op(agent, *args)` to every worker at once, then collect results in agent order."""
         for c, args in zip(self._conns, per_agent_args):
             c.send((op, args))
-        results, error = [], None
-        for i, c in enumerate(self._conns):
-            try:
-                status, payload = c.recv()
-            except EOFError:
-                status, payload = "error", ("RuntimeError", "worker process died", "")
-            if status == "error" and error is None:
-                error = (i, payload)
-            results.append(payload)
-        if error is not None:
-            _raise(*error)
-        return results
+        replies: dict[int, tuple] = {}
+        waiting = dict(enumerate(self._conns))
+        while waiting:  # whichever worker is ready: its log lines are relayed as they come
+            for c in wait(list(waiting.values())):
+                i = next(j for j, cj in waiting.items() if cj is c)
+                try:
+                    msg = c.recv()
+                except EOFError:
+                    msg = ("error", ("RuntimeError", "worker process died", ""))
+                if msg[0] == "log":
+                    name, level, text = msg[1]
+                    logging.getLogger(name).log(level, "%s", text)
+                    continue
+                replies[i] = msg
+                del waiting[i]
+        errors = [(i, replies[i][1]) for i in sorted(replies) if replies[i][0] == "error"]
+        if errors:
+            _raise(*errors[0])
+        return [replies[i][1] for i in range(len(self._conns))]
 
     def close(self) -> None:
         """Stop the workers."""
@@ -179,7 +234,7 @@ class WorkerPolicies:
                 if p.is_alive():
                     c.send(("close", None))
                     if c.poll(30):
-                        c.recv()
+                        _relay(c)
             except (OSError, EOFError):
                 pass
             c.close()

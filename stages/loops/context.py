@@ -32,7 +32,7 @@ from stages.score.rewards import RewardCaller, declared_range, resolve_processor
 from stages.score.scores import joint_combos
 from stages.tasks.centralized import CentralizedReward, JointFormatter, RoleSplitLogger, adapter_identity, load_adapter
 from stages.tasks.formatters import build_formatter, chat_wrapper, role_formatter
-from stages.tasks.taskset import load_items
+from stages.tasks.taskset import eval_overlap, load_items
 from stages.tasks.transitions import Transition, transition_identity
 
 
@@ -242,10 +242,21 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
     warn = budget.unreachable_turns_warning(t.num_turns, t.early_termination_threshold,
                                             processed_range(reward.caller.fn, cfg.reward.reward_range,
                                                             task.processor))
+    warns = tuple(w for w in (warn, eval_on_train_warning(cfg, train, ctx.eval_items_used())) if w)
     ctx = ctx.with_plan(updates=tuple(updates),
                         segments=tuple(tuple(s) for s in plan_segments(updates, cfg.checkpoint_every)),
-                        budget=est, warnings=(warn,) if warn else ())
+                        budget=est, warnings=warns)
     return ctx.with_plan(end_keys=segment_end_keys(ctx)) if trains_in_segments(cfg) else ctx
+
+
+def eval_on_train_warning(cfg: RunConfig, train: list[dict], evals: list[dict]) -> str | None:
+    """Warn when the evaluation runs on items the run trains on (a taskset without a held-out split)."""
+    both = eval_overlap(train, evals)
+    if not both:
+        return None
+    return (f"evaluation runs on training items: {both} of the {len(evals)} eval items of taskset "
+            f"{cfg.taskset.name!r} are also trained on, so eval measures fit, not held-out performance; set "
+            "taskset.eval_fraction (e.g. 0.2) or taskset.eval_file for held-out eval items")
 
 
 def processed_range(fn, declared: tuple | None, processor) -> tuple[float, float] | None:

@@ -11,6 +11,7 @@ After training: `evaluate_checkpoint` (single-path evaluation with the task rewa
 (score an earlier run's stored rollouts with this config's reward, no generation or training).
 """
 
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -156,6 +157,8 @@ def run_direct(cfg: RunConfig, store: ArtifactStore | None = None, show_progress
     store = store or ArtifactStore.of(cfg)
     t0 = time.perf_counter()
     ctx = make_context(cfg, store, build_taskset(cfg.taskset, store), session=session)
+    for w in ctx.plan.warnings:  # the flows log them with Prefect's logger
+        logging.getLogger(__name__).warning(w)
     try:
         before = evaluate_initial(ctx)[1] if cfg.eval_before else None
         res = run_segments(ctx, show_progress=show_progress)

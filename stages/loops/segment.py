@@ -17,12 +17,14 @@ returns its refs without loading a model.
 
 import time
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from artifacts import ArtifactRef
 from stages.agents.checkpoint import CheckpointLayout
 from stages.agents.models import load_critic, load_policies, save_checkpoint
 from stages.agents.workers import WorkerPolicies, agent_devices
+from stages.common.progress import bar_safe_logging
 from stages.common.seeds import derive_seed
 from stages.common.user_code import load_callable
 from stages.evaluate.evaluate import evaluate
@@ -228,6 +230,8 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     timing: Counter = Counter()
     gen_tokens = 0
     epoch_acc: dict = {}
+    lines = ExitStack()  # while the bar is drawn, log lines (Prefect's too) go through tqdm.write
+    lines.enter_context(bar_safe_logging(show_progress))
     bar = tqdm(seg, desc=f"{cfg.algorithm} segment {seg_index + 1}/{len(ctx.plan.segments)}", unit="update",
                disable=not show_progress, leave=False)
     try:
@@ -300,6 +304,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
         raise
     finally:
         bar.close()
+        lines.close()
     # --- checkpoint + segment manifest
     t0 = time.perf_counter()
     state["segment_keys"] = ends[:seg_index + 1]

@@ -8,11 +8,16 @@ reference (a pad sampled mid-completion ends the text; when pad == EOS the two r
 is decoded without special tokens. Sampling is reproducible and independent of
 resumption: the RNG is seeded per (run seed, update, agent).
 
+A generation that runs longer than `stages.common.progress.HEARTBEAT_S` logs a heartbeat with the agent,
+the tokens decoded so far of `max_new_tokens` and the tokens per second (from the decode loop's steps or a
+transformers `StoppingCriteria` that never stops anything: one clock read per step).
+
 Output rows (schema `rollouts`): step, item_id, turn, node_id, agent, sample, prompt,
 prompt_ids, completion_ids, completion_text, length, finished, ref_kl (k3 KL to the frozen
 reference model when reference KL is on, else 0), parent_node, parent_joint (tree links, -1 at roots).
 """
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +25,10 @@ import torch
 from artifacts import faults
 from stages.agents import decode as fast_decode
 from stages.agents.state import PolicyGroup
+from stages.common.progress import Heartbeat
 from stages.common.seeds import derive_seed
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -99,12 +107,25 @@ def fit_context(tok, prompts: list[str], enc, context: int, sampling: SamplingCo
         tok.truncation_side = side
 
 
+def _heartbeat_criteria(beat: Heartbeat, prompt_len: int):
+    """A transformers StoppingCriteria that ticks `beat` with the tokens generated so far and stops nothing."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Beat(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            beat.tick(input_ids.shape[1] - prompt_len)
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([Beat()])
+
+
 @torch.inference_mode()
 def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: SamplingConfig, seed: int,
-                       reference=None):
+                       reference=None, label: str = "agent"):
     """One batched generate: per (prompt, sample) a tuple (prompt_ids, completion_ids, text, finished, ref_kl).
 
-    ref_kl is the k3 KL to `reference` (a frozen model) summed over the completion, 0.0 without one.
+    ref_kl is the k3 KL to `reference` (a frozen model) summed over the completion, 0.0 without one. `label`
+    names the agent in the heartbeat lines of a long generation.
     """
     empty = [i for i, p in enumerate(prompts) if not p]
     if empty:
@@ -124,14 +145,17 @@ def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: Samplin
     torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
     if device.type == "cuda":
         torch.cuda.manual_seed_all(seed)
+    beat = Heartbeat(log, f"generate {label}", sampling.max_new_tokens, "tokens", width=input_ids.shape[0])
     if sampling.backend == "auto" and fast_decode.supports(model):
         new = fast_decode.sample(model, input_ids, attn, sampling.max_new_tokens, sampling.temperature,
-                                 sampling.top_k, sampling.top_p, tok.eos_token_id, tok.pad_token_id)
+                                 sampling.top_k, sampling.top_p, tok.eos_token_id, tok.pad_token_id, beat.tick)
     else:  # transformers' generate expands each prompt k times itself (the same rows as repeat_interleave)
         P = input_ids.shape[1]
         out = model.generate(input_ids=input_ids[::k], attention_mask=attn[::k], num_return_sequences=k,
-                             return_dict_in_generate=True, generation_config=sampling.generation_config(tok))
+                             return_dict_in_generate=True, generation_config=sampling.generation_config(tok),
+                             stopping_criteria=_heartbeat_criteria(beat, P))
         new = (out.sequences if hasattr(out, "sequences") else out)[:, P:]
+    beat.done(new.shape[1])
     if was_training:
         model.train()
     eos, pad = tok.eos_token_id, tok.pad_token_id
@@ -155,9 +179,10 @@ def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: Samplin
     return [tuple(r) for r in rows]
 
 
-def generate_op(agent, prompts: list[str], k: int, sampling: SamplingConfig, seed: int) -> list[tuple]:
+def generate_op(agent, prompts: list[str], k: int, sampling: SamplingConfig, seed: int,
+                label: str = "agent") -> list[tuple]:
     """Per-agent op: `generate_for_agent` on one live agent (with its frozen reference when KL is on)."""
-    return generate_for_agent(agent.model, agent.tokenizer, prompts, k, sampling, seed, agent.reference)
+    return generate_for_agent(agent.model, agent.tokenizer, prompts, k, sampling, seed, agent.reference, label)
 
 
 def generate_rollouts(policies: PolicyGroup, agent_prompts: list[list[str]], item_ids: list[int],
@@ -171,8 +196,9 @@ def generate_rollouts(policies: PolicyGroup, agent_prompts: list[list[str]], ite
     k = sampling.num_generations
     node_ids = node_ids if node_ids is not None else list(range(len(item_ids)))
     parents = parents if parents is not None else [(-1, -1)] * len(item_ids)
-    outs = policies.run(generate_op, [(agent_prompts[a], k, sampling, derive_seed(seed, step, turn, a))
-                                     for a in range(policies.n)])
+    where = f" turn {turn + 1}" if turn else ""
+    outs = policies.run(generate_op, [(agent_prompts[a], k, sampling, derive_seed(seed, step, turn, a),
+                                       f"agent {a}{where}") for a in range(policies.n)])
     faults.hit("generate")
     rows: list[dict] = []
     for agent, gen in enumerate(outs):

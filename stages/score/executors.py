@@ -10,7 +10,8 @@ executor that runs at most N of them at a time:
   of N single-threaded worker processes started for the run);
 - `ray`: Ray tasks (one CPU each, at most N in flight) on the cluster of the `ray` config section.
 
-Every executor returns, per call, the value or the exception it raised, in the order the calls were
+Every executor's `map(jobs, timeout_s, progress)` calls `progress(n)` as the first n results are in (the
+scoring heartbeat) and returns, per call, the value or the exception it raised, in the order the calls were
 given, so the scores are the same as serial scoring's whatever order the workers finish in. A call
 that exceeds `reward.timeout_s` fails the batch with the reward's name (the pool's processes are
 terminated and restarted, a Ray task is cancelled); a hung call never blocks the run.
@@ -22,6 +23,9 @@ import logging
 import pickle
 from collections.abc import Callable
 from typing import Any
+
+Progress = Callable[[int], None] | None
+"""Called with the number of results in so far (see `stages.common.progress.Heartbeat.tick`)."""
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +83,7 @@ class ProcessExecutor:
             self._pool = mp.get_context("forkserver").Pool(self.workers)
         return self._pool
 
-    def map(self, jobs: list[tuple], timeout_s: float | None) -> list:
+    def map(self, jobs: list[tuple], timeout_s: float | None, progress: Progress = None) -> list:
         pool = self._ensure()
         pending = [pool.apply_async(_invoke_job, (job,)) for job in jobs]  # the pool bounds the concurrency
         out: list = []
@@ -94,6 +98,8 @@ class ProcessExecutor:
                 return out
             except Exception as err:  # raised by the reward in its worker
                 out.append(Failed(err))
+            if progress is not None:
+                progress(len(out))
         return out
 
     def close(self) -> None:
@@ -127,7 +133,7 @@ class DaskExecutor:
                 self._client = Client(self._cluster)
         return self._client
 
-    def map(self, jobs: list[tuple], timeout_s: float | None) -> list:
+    def map(self, jobs: list[tuple], timeout_s: float | None, progress: Progress = None) -> list:
         from distributed import TimeoutError as DaskTimeout
 
         client = self._ensure()
@@ -142,6 +148,8 @@ class DaskExecutor:
                 return out
             except Exception as err:
                 out.append(Failed(err))
+            if progress is not None:
+                progress(len(out))
         return out
 
     def close(self) -> None:
@@ -161,7 +169,7 @@ class RayExecutor:
         self.workers, self.settings = workers, ray_settings
         self._remote = None
 
-    def map(self, jobs: list[tuple], timeout_s: float | None) -> list:
+    def map(self, jobs: list[tuple], timeout_s: float | None, progress: Progress = None) -> list:
         from stages.agents.ray_actors import ensure_ray
 
         ray = ensure_ray(self.settings)
@@ -185,6 +193,8 @@ class RayExecutor:
             except ray.exceptions.RayTaskError as err:
                 cause = err.cause if isinstance(getattr(err, "cause", None), BaseException) else err
                 out.append(Failed(cause))
+            if progress is not None:
+                progress(len(out))
         return out
 
     def close(self) -> None:

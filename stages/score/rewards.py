@@ -208,10 +208,23 @@ class RewardCaller:
         list of the N strings."""
         return self.call(per_agent, [], items, cross=True)
 
-    def map(self, calls: list[tuple]):
+    def map(self, calls: list[tuple], unit: str = "joint actions"):
         """Score many calls `(per_agent, prompts, items, cross)`; yields, in order, each call's floats or a
         `Failed` holding its error. Serial (and lazy: the caller may stop at the first failure) unless an
-        executor is set (`reward.workers` > 1), which runs them concurrently (scores identical to serial)."""
+        executor is set (`reward.workers` > 1), which runs them concurrently (scores identical to serial).
+        A long scoring logs its progress every few seconds (`stages.common.progress`): calls scored of all,
+        counted in `unit`, and their rate."""
+        from stages.common.progress import Heartbeat
+
+        beat = Heartbeat(log, f"score {self.name}", len(calls), unit)
+        for n, res in enumerate(self._map(calls, beat.tick), 1):
+            if n == len(calls):  # callers stop pulling after the last result: say done before yielding it
+                beat.done(n)
+            else:
+                beat.tick(n)
+            yield res
+
+    def _map(self, calls: list[tuple], progress):
         from stages.score.executors import CallTimeout, Failed, picklable, serial
 
         ex = self.executor
@@ -227,7 +240,7 @@ class RewardCaller:
         jobs = [(self.fn, *self._prepare(pa, pr, it, cross)) for pa, pr, it, cross in calls]
         t0 = time.perf_counter()
         try:
-            results = ex.map(jobs, self.timeout_s)
+            results = ex.map(jobs, self.timeout_s, progress)
         finally:
             self.seconds += time.perf_counter() - t0
         for call, res in zip(calls, results):

@@ -98,7 +98,7 @@ def score_nodes(rollouts: list[dict], items: dict[int, dict], caller: RewardCall
         k = 1 + max(s for (_, s) in texts[node])
         calls.append(([[texts[node][(a, j)] for j in range(k)] for a in range(n)],
                       [prompts[node][a] for a in range(n)], [item], False))
-    for node, (per_agent, _, _, _), raw in zip(nodes, calls, caller.map(calls)):
+    for node, (per_agent, _, _, _), raw in zip(nodes, calls, caller.map(calls, "nodes")):
         if isinstance(raw, Failed):
             raise raw.error
         step, turn, node_id = node

@@ -10,8 +10,16 @@ Sources:
 - a directory written by `datasets`' `save_to_disk` (a `Dataset` or a `DatasetDict` of splits);
 - `hf:<dataset>` — a Hugging Face `datasets` dataset by id (local cache or network).
 
+Held-out evaluation: a source with an eval split of its own (the built-in and environment tasksets,
+`taskset.eval_split`, a saved `DatasetDict` with an `eval` split) evaluates on it. A source without one
+(a file, an `hf:` split) gets one from `taskset.eval_fraction` (a seeded hash of each row's id, or of the
+whole row, ranks the rows; the lowest fraction is held out, so the split does not depend on the rows'
+order and a rerun hits the cache) or `taskset.eval_file` (its rows must not repeat training rows); with
+neither it evaluates on the training rows, and the run's plan warns about it (`eval_overlap`).
+
 The key covers the taskset config and the source's content digest, so editing the file makes a
-new taskset and everything downstream recomputes.
+new taskset and everything downstream recomputes. The held-out fields enter the key only when set
+(`TasksetConfig.key_fields`), so configs without them keep their keys.
 """
 
 import hashlib
@@ -161,10 +169,82 @@ def _unique_ids(rows: list[dict], where: str) -> None:
             seen[v] = i
 
 
+def _identity(row: dict) -> str:
+    """What names a row: its 'id' (else 'task_id') column, else the whole row."""
+    for col in ("id", "task_id"):
+        if row.get(col) is not None:
+            return f"{col}={row[col]}"
+    return json.dumps(row, default=str, sort_keys=True)
+
+
+def held_out_split(rows: list[dict], fraction: float, seed: int, where: str) -> tuple[list[dict], list[dict]]:
+    """(train, eval) rows: the round(fraction × n) rows whose seeded identity hash is lowest go to eval; each side
+    keeps the rows' order. Deterministic in the rows' identities and the seed, not in their order."""
+    n = len(rows)
+    k = int(fraction * n + 0.5)
+    if k == 0:
+        raise ValueError(f"taskset.eval_fraction {fraction:g} of {where}'s {n} rows holds out no item: raise it to "
+                         f"at least {0.5 / n:.3g}, or give taskset.eval_file")
+    if k >= n:
+        raise ValueError(f"taskset.eval_fraction {fraction:g} of {where}'s {n} rows holds out all of them, leaving no "
+                         "training item: lower it, or add rows")
+    rank = sorted(range(n), key=lambda i: (hashlib.sha256(f"{seed}\0{_identity(rows[i])}".encode()).hexdigest(), i))
+    held = set(rank[:k])
+    return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
+
+
+def _eval_file_rows(cfg: TasksetConfig, train: list[dict]) -> list[dict]:
+    """The rows of taskset.eval_file; one repeating a training row (same id, or the same row without ids) is an
+    error: it would evaluate on a training item."""
+    path = Path(cfg.eval_file).expanduser()
+    rows = _read_file(path)
+    if not rows:
+        raise ValueError(f"taskset.eval_file {cfg.eval_file!r} has no rows")
+    _unique_ids(rows, f"taskset.eval_file {cfg.eval_file!r}")
+    seen = {_identity(r): i for i, r in enumerate(train)}
+    both = [(i, seen[_identity(r)], _identity(r)) for i, r in enumerate(rows) if _identity(r) in seen]
+    if both:
+        i, j, ident = both[0]
+        raise ValueError(f"taskset.eval_file {cfg.eval_file!r}: {len(both)} row(s) repeat training rows, e.g. row {i} "
+                         f"is training row {j} ({ident[:80]}); held-out items must not be trained on")
+    return rows
+
+
+def _eval_file_digest(cfg: TasksetConfig) -> dict:
+    if cfg.eval_file is None:
+        return {}
+    path = Path(cfg.eval_file).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"taskset.eval_file {cfg.eval_file!r} does not exist")
+    return {"eval_file_sha256": sha256_file(path)}
+
+
 def taskset_key(cfg: TasksetConfig) -> tuple[str, callable]:
     """The input-addressed key of a taskset and the loader that builds its rows."""
     digest, loader = _source(cfg)
-    return key_for("taskset", {"cfg": cfg.model_dump(), "source": digest, "stage": STAGE_VERSION}), loader
+    digest = {**digest, **_eval_file_digest(cfg)}
+    return key_for("taskset", {"cfg": cfg.key_fields(), "source": digest, "stage": STAGE_VERSION}), loader
+
+
+def _split_rows(cfg: TasksetConfig, splits: dict[str, list[dict]]) -> tuple[tuple[str, list], tuple[str, list]]:
+    """((train name, rows), (eval name, rows)) of a loaded source under the held-out settings."""
+    train_name = cfg.split if cfg.split in splits else next(iter(splits))
+    own = cfg.eval_split or ("eval" if "eval" in splits else None)
+    if own is not None and own not in splits:
+        raise ValueError(f"taskset.eval_split {own!r} not found (splits: {sorted(splits)})")
+    given = "eval_fraction" if cfg.eval_fraction is not None else "eval_file" if cfg.eval_file is not None else None
+    if given and own is not None and own != train_name:
+        raise ValueError(f"taskset {cfg.name!r} has an eval split of its own ({own!r}, {len(splits[own])} items): "
+                         f"taskset.{given} makes one for a source without it; leave it unset")
+    train = splits[train_name]
+    if cfg.eval_fraction is not None:
+        _unique_ids(train, f"taskset {cfg.name!r} split {train_name!r}")
+        train, held = held_out_split(train, cfg.eval_fraction, cfg.eval_split_seed, f"taskset {cfg.name!r}")
+        return (train_name, train), (f"{train_name} (eval_fraction {cfg.eval_fraction:g})", held)
+    if cfg.eval_file is not None:
+        return (train_name, train), (f"eval_file {cfg.eval_file}", _eval_file_rows(cfg, train))
+    name = own or train_name
+    return (train_name, train), (name, splits[name])
 
 
 def build_taskset(cfg: TasksetConfig, store: ArtifactStore) -> ArtifactRef:
@@ -173,14 +253,11 @@ def build_taskset(cfg: TasksetConfig, store: ArtifactStore) -> ArtifactRef:
     found = store.find("taskset", key)
     if found is not None:
         return found
-    splits = loader()
-    train_name = cfg.split if cfg.split in splits else next(iter(splits))
-    eval_name = cfg.eval_split or ("eval" if "eval" in splits else train_name)
-    if eval_name not in splits:
-        raise ValueError(f"taskset.eval_split {eval_name!r} not found (splits: {sorted(splits)})")
+    (train_name, train), (eval_name, evals) = _split_rows(cfg, loader())
     rows: list[dict] = []
-    for split, name, limit in (("train", train_name, cfg.num_items), ("eval", eval_name, cfg.num_eval_items)):
-        items = splits[name][:limit] if limit else splits[name]
+    for split, name, all_items, limit in (("train", train_name, train, cfg.num_items),
+                                          ("eval", eval_name, evals, cfg.num_eval_items)):
+        items = all_items[:limit] if limit else all_items
         if not items:
             raise ValueError(f"taskset {cfg.name!r} split {name!r} has no items")
         _unique_ids(items, f"taskset {cfg.name!r} split {name!r}")
@@ -201,6 +278,15 @@ def load_items(store: ArtifactStore, ref: ArtifactRef, split: str) -> list[dict]
             item["_item_id"] = r["item_id"]
             out.append(item)
     return out
+
+
+def eval_overlap(train: list[dict], evals: list[dict]) -> int:
+    """How many of `evals` are also training items (the same prompt and fields; the item ids are per split)."""
+    def ident(item: dict) -> str:
+        return json.dumps({k: v for k, v in item.items() if k != "_item_id"}, default=str, sort_keys=True)
+
+    seen = {ident(it) for it in train}
+    return sum(1 for it in evals if ident(it) in seen)
 
 
 def items_digest(items: list[dict]) -> str:
