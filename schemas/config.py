@@ -604,6 +604,12 @@ class RunConfig(_Strict):
     data_dir: str | None = Field(None, description="Data directory (a path or a file:// URI); null = $COOPFLOW_HOME "
                                                    "or ./.coopflow.")
     checkpoint_every: int = Field(0, ge=0, description="Write a checkpoint every this many updates (0 = once per epoch).")
+    checkpoint_optimizer: Literal["all", "last", "none"] = Field(
+        "last", description="Which checkpoints keep optimizer (AdamW) state, about 2/3 of a full-model checkpoint: "
+                            "all | last (a segment's checkpoint drops it once the next one is written, so only a "
+                            "run's final checkpoint keeps it) | none (the final one drops it too; continuing the run "
+                            "replays its stored updates). Resuming is exact either way; weights-only checkpoints "
+                            "are stored under '<key>-weights'.")
     eval_before: bool = Field(True, description="Evaluate the initial policies before training on the same eval "
                                                 "items and eval seed as the final evaluation (summary eval_before, "
                                                 "MLflow eval_before/*; the reference evaluates at batch 0).")
