@@ -412,11 +412,19 @@ def _run(args) -> int:
     _check_model_dirs(cfg)
     from stages.loops.preflight import PreflightError, preflight
 
-    try:  # the data dir, the user code the config names, the taskset: one line each, before Prefect starts
-        preflight(cfg)
+    try:  # the data dir, the user code the config names, the taskset, the disk: one line each, before Prefect starts
+        disk = preflight(cfg)
     except PreflightError as err:
         print(f"coopflow: {err}", file=sys.stderr)
         return 2
+    import shutil
+
+    from stages.loops.budget import human_bytes
+
+    free = human_bytes(shutil.disk_usage(cfg.resolved_data_dir()).free)
+    print(f"coopflow: disk: this run writes {disk.describe()}; {free} free under {cfg.resolved_data_dir()}"
+          if disk is not None else "coopflow: disk: no estimate (a model's files are not on this machine yet)",
+          file=sys.stderr)
     from stages.common.threads import choose_threads
 
     print("coopflow: torch threads %d (%s)" % choose_threads(cfg.agents.torch_threads), file=sys.stderr)

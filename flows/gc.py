@@ -12,6 +12,7 @@ from pathlib import Path
 
 from artifacts import ArtifactStore
 from stages.agents.checkpoint import policy_key_of
+from stages.loops.budget import human_bytes as human
 from stages.loops.gc import GcPlan, Roots, apply_gc, plan_gc
 
 
@@ -44,7 +45,7 @@ def recorded_roots(data: Path, tracking_uri: str | None = None) -> tuple[Roots, 
             for v in mine.values():  # "<kind>/<key>@<sha256>"
                 kind, _, rest = v.partition("/")
                 arts.add((kind, rest.split("@")[0]))
-            for entry in _lineage_file(client, run.info.run_id):
+            for entry in _lineage_file(client, run.info.run_id, run.info.artifact_uri):
                 arts.add((entry["kind"], entry["key"]))
                 if entry.get("role") == "checkpoint.final":
                     finals.add(policy_key_of(entry["key"]))
@@ -59,8 +60,18 @@ def recorded_roots(data: Path, tracking_uri: str | None = None) -> tuple[Roots, 
     return Roots(frozenset(arts), frozenset(finals), runs), notes
 
 
-def _lineage_file(client, run_id: str) -> list[dict]:
+def _lineage_file(client, run_id: str, artifact_uri: str | None) -> list[dict]:
     """A run's `lineage.json` artifact (empty when it has none: a run killed before its end)."""
+    import os
+    from urllib.parse import unquote, urlparse
+
+    if artifact_uri and artifact_uri.startswith("file:"):  # the default store: read the file where it is
+        f = Path(unquote(urlparse(artifact_uri).path)) / "lineage.json"
+        try:
+            return json.loads(f.read_text()) if f.is_file() else []
+        except (OSError, ValueError):
+            return []
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     try:
         if not any(f.path == "lineage.json" for f in client.list_artifacts(run_id)):
             return []
@@ -68,14 +79,6 @@ def _lineage_file(client, run_id: str) -> list[dict]:
             return json.loads(Path(client.download_artifacts(run_id, "lineage.json", tmp)).read_text())
     except Exception:  # an unreadable artifact store: the tags still name the main artifacts
         return []
-
-
-def human(n: int) -> str:
-    """Bytes for people: 812 B, 3.4 kB, 12.3 MB, 3.10 GB (decimal units)."""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}" if unit == "GB" else f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def report(plan: GcPlan, keep_optimizer: str, grace_min: float) -> list[str]:

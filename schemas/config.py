@@ -619,6 +619,9 @@ class RunConfig(_Strict):
                                                      "= normal caching.")
     max_sequences: int = Field(2_000_000, ge=0, description="Refuse a run that would generate more sequences than "
                                                             "this (pre-flight budget; 0 = no limit).")
+    check_disk: bool = Field(True, description="Refuse a run whose estimated writes (checkpoints, rollouts) exceed "
+                                               "the free disk under the data dir (pre-flight; the estimate is "
+                                               "printed either way); false = print only.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster and per-agent resources (used by "
                                                                   "parallel_training: ray and reward.executor: ray).")

@@ -150,3 +150,57 @@ def test_cli_gc_dry_run_then_yes_after_recorded_flow_runs(prefect_harness, tmp_p
     again = train_magrpo(config=cfg)
     assert again["segments_cached"] == [True] * len(again["segments_cached"])
     assert "generate" not in again["executed"] and "update" not in again["executed"]
+
+
+def _written(store: ArtifactStore, before: set) -> int:
+    return sum(store.size(k, key) for k, key in _listing(store) - before)
+
+
+@pytest.mark.parametrize("keep", ["all", "last"])
+def test_disk_estimate_is_within_a_sane_factor_of_what_a_tiny_run_writes(tmp_path, keep):
+    """The pre-flight estimate (parameter count from the model's shape, no weights loaded) against the bytes the
+    run's checkpoints and rollouts really take (models and the taskset, inputs, not counted)."""
+    from stages.loops.preflight import preflight
+
+    cfg = validate_config(_cfg(tmp_path, checkpoint_optimizer=keep))
+    est = preflight(cfg)
+    store = ArtifactStore(tmp_path / "artifacts")
+    before = _listing(store)
+    run_direct(cfg)
+    ckpt = sum(store.size("checkpoint", k) for _, k in store.artifacts("checkpoint"))
+    total = _written(store, before | {x for x in _listing(store) if x[0] in ("model", "taskset")})
+    assert est.checkpoints == 4
+    assert 0.8 < est.checkpoint_bytes / ckpt < 1.25, (est, ckpt)
+    assert 0.5 < est.total_bytes / total < 3, (est, total)
+
+
+def test_model_size_reads_safetensors_headers(tiny_model_dir):
+    from stages.loops.preflight import _tiny_params, model_size
+
+    cfg = validate_config(small_config(Path("/tmp")))
+    params, per, other = model_size(str(tiny_model_dir), cfg)
+    assert per == 4 and other > 0
+    assert params == _tiny_params(64, 2)  # the header's count equals the shape's (what a 'tiny' source gets)
+    assert model_size("no-such-org/no-such-model", cfg) is None
+
+
+def test_a_run_that_does_not_fit_on_the_disk_is_refused_before_it_starts(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from flows.cli import main
+    from stages.loops.preflight import PreflightError, preflight
+
+    cfg = validate_config(_cfg(tmp_path))
+    est = preflight(cfg)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**12, 10**12 - est.total_bytes // 2,
+                                                            est.total_bytes // 2))
+    with pytest.raises(PreflightError, match=r"this run writes up to .* but only .* is free there.*checkpoint_optimizer"):
+        preflight(cfg)
+    assert preflight(validate_config({**_cfg(tmp_path), "check_disk": False})) is not None
+    import json
+
+    cfg_file = tmp_path / "run.json"
+    cfg_file.write_text(json.dumps(_cfg(tmp_path)))
+    assert main(["run", "train-magrpo", "--config", str(cfg_file)]) == 2  # refused before Prefect starts
