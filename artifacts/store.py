@@ -244,7 +244,7 @@ class ArtifactStore:
     # --- commit ----------------------------------------------------------------------------------
 
     def _commit(self, kind: str, key: str, writer: Callable[[Path], None], rows: int | None,
-                table: bool) -> ArtifactRef:
+                table: bool, digests: dict[str, str] | None = None) -> ArtifactRef:
         final = self.path(kind, key)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".tmp-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -254,7 +254,8 @@ class ArtifactStore:
             if table:
                 digest = sha256_file(tmp / "data.parquet")
             else:
-                files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+                files = digests if digests is not None else {
+                    str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
                 (tmp / "manifest.json").write_text(json.dumps({"kind": kind, "key": key, "files": files}, indent=1))
                 digest = sha256_file(tmp / "manifest.json")
             ref = ArtifactRef(kind=kind, key=key, uri=f"{kind}/{key}", sha256=digest, rows=rows)
@@ -362,10 +363,76 @@ class ArtifactStore:
         shutil.rmtree(trash, ignore_errors=True)
         return True
 
-    def lock(self, name: str) -> "RunLock":
+    def put_subset(self, kind: str, src: ArtifactRef, key: str, keep: Callable[[str], bool]) -> ArtifactRef:
+        """A new dir artifact `key` holding the files of `src` (verified first) whose manifest path passes `keep`,
+        hard-linked where the filesystem allows (no second copy on disk), else copied; committed atomically like
+        every write. The source is left as it is (`remove` it to free its space)."""
+        existing = self.find(kind, key)
+        if existing is not None:
+            return existing
+        root = self.open_dir(src)
+        files = {rel: d for rel, d in json.loads((root / "manifest.json").read_text())["files"].items() if keep(rel)}
+
+        def write(tmp: Path) -> None:
+            for rel in files:
+                dst = tmp / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(root / rel, dst)
+                except OSError:
+                    shutil.copy2(root / rel, dst)
+
+        return self._commit(kind, key, write, rows=None, table=False, digests=dict(sorted(files.items())))
+
+    def size(self, kind: str, key: str, under: str | None = None) -> int:
+        """Bytes of an artifact's files (only those below its sub-folder `under` when given); 0 when absent.
+        A file hard-linked into several artifacts counts in each."""
+        root = self.path(kind, key)
+        if under:
+            root = root / under
+        if not root.exists():
+            return 0
+        return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+    def artifacts(self, kind: str | None = None) -> list[tuple[str, str]]:
+        """(kind, key) of every stored artifact directory (of one kind when given), hidden dirs excluded."""
+        out = []
+        kinds = [self.root / kind] if kind else sorted(p for p in self.root.iterdir() if p.is_dir())
+        for kind_dir in kinds:
+            if kind_dir.name.startswith(".") or not kind_dir.is_dir():
+                continue
+            out += [(kind_dir.name, a.name) for a in sorted(kind_dir.iterdir())
+                    if a.is_dir() and not a.name.startswith(".")]
+        return out
+
+    def lock(self, name: str, keys: list[str] | None = None) -> "RunLock":
         """An exclusive lock on `name` among the processes sharing this store (an OS file lock: released when
-        its holder exits or is killed, so a dead holder never blocks anyone)."""
-        return RunLock(self.root / ".locks" / f"{name}.lock")
+        its holder exits or is killed, so a dead holder never blocks anyone). `keys`: what the holder works on
+        (recorded in the lock file for `held_locks`)."""
+        return RunLock(self.root / ".locks" / f"{name}.lock", keys)
+
+    def held_locks(self) -> list[dict]:
+        """The locks some process holds now: [{"name", "pid", "since", "keys"}] (a lock file nobody holds is
+        skipped; one held by an older writer that recorded nothing has since 0 and no keys)."""
+        import fcntl
+
+        out = []
+        for f in sorted((self.root / ".locks").glob("*.lock")) if (self.root / ".locks").is_dir() else []:
+            with open(f, "a+") as h:
+                try:
+                    fcntl.flock(h, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    fcntl.flock(h, fcntl.LOCK_UN)
+                    continue  # nobody holds it
+                except BlockingIOError:
+                    pass
+                h.seek(0)
+                try:
+                    info = json.loads(h.read() or "{}")
+                except ValueError:
+                    info = {}
+            out.append({"name": f.stem, "pid": info.get("pid"), "since": float(info.get("since") or 0.0),
+                        "keys": list(info.get("keys") or [])})
+        return out
 
     def verify_all(self) -> tuple[int, list[tuple[str, str, str]]]:
         """Check every stored artifact (its record, data file or manifest and every file's sha256): returns
@@ -423,10 +490,14 @@ class ArtifactStore:
 
 
 class RunLock:
-    """`with store.lock(name) as waited:` holds an exclusive flock; `waited` tells whether another holder had it."""
+    """`with store.lock(name) as waited:` holds an exclusive flock; `waited` tells whether another holder had it.
 
-    def __init__(self, path: Path):
-        self.path, self._f = path, None
+    While held, the lock file records its holder: {"pid", "since" (epoch seconds), "keys"} — `keys` are what the
+    holder reads and writes (a run's segment end keys), so `coopflow gc` leaves them and everything written since
+    alone (`held_locks`)."""
+
+    def __init__(self, path: Path, keys: list[str] | None = None):
+        self.path, self._f, self.keys = path, None, list(keys or [])
 
     def __enter__(self) -> bool:
         import fcntl
@@ -435,10 +506,17 @@ class RunLock:
         self._f = open(self.path, "a+")
         try:
             fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return False
+            waited = False
         except BlockingIOError:
             fcntl.flock(self._f, fcntl.LOCK_EX)  # another process runs this: wait for it (Ctrl-C interrupts)
-            return True
+            waited = True
+        import time
+
+        self._f.seek(0)
+        self._f.truncate()
+        self._f.write(json.dumps({"pid": os.getpid(), "since": time.time(), "keys": self.keys}))
+        self._f.flush()
+        return waited
 
     def __exit__(self, *exc) -> None:
         import fcntl

@@ -32,7 +32,9 @@ def run_tracked(cfg: RunConfig, tags: list[str] | dict | None = None, show_progr
         if cfg.algorithm not in ITERATIVE + PREFERENCE:  # lets a longer run of this config continue this one
             from pathlib import Path
 
-            tracker.tag({"coopflow.run_key": Path(out["checkpoint"]).name})
+            from stages.agents.checkpoint import policy_key_of
+
+            tracker.tag({"coopflow.run_key": policy_key_of(Path(out["checkpoint"]).name)})
         out["mlflow_run_id"] = run_id
         ok = True
         return out

@@ -6,6 +6,8 @@
     coopflow tiny-model DIR [--hidden 64 --layers 2 --vocab 384]  # build the tiny local model
     coopflow serve [--name local] [--cron '0 */6 * * *']   # local Prefect server (if needed) + deployments
     coopflow flows                                    # list the flows
+    coopflow verify [--data-dir D] [--quarantine]     # check every artifact's digests
+    coopflow gc [--data-dir D] [--yes] [--keep-optimizer all|last|none]   # what no recorded run needs (bytes)
 
 `run` validates the config before importing Prefect or loading a model, then runs the flow on the
 embedded defaults (Prefect ephemeral server + MLflow, both on SQLite under $COOPFLOW_HOME).
@@ -90,6 +92,17 @@ def _parser() -> argparse.ArgumentParser:
     vf.add_argument("--data-dir", help="the data dir (default: $COOPFLOW_HOME or ./.coopflow)")
     vf.add_argument("--quarantine", action="store_true",
                     help="move bad artifacts to <data_dir>/artifacts/.quarantine so the next run recomputes them")
+    g = sub.add_parser("gc", help="delete what no recorded run needs (dry run unless --yes): lists bytes per kind")
+    g.add_argument("--data-dir", help="the data dir (default: $COOPFLOW_HOME or ./.coopflow)")
+    mode = g.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="only list what would go (the default)")
+    mode.add_argument("--yes", action="store_true", help="delete it")
+    g.add_argument("--keep-optimizer", choices=("all", "last", "none"), default="all",
+                   help="which checkpoints keep optimizer state: all (default) | last (recorded runs' final "
+                        "checkpoints only) | none")
+    g.add_argument("--grace-minutes", type=float, default=60.0,
+                   help="never delete artifacts written in the last N minutes (default 60)")
+    g.add_argument("--tracking-uri", help="MLflow store of the runs (default: sqlite:///<data_dir>/mlflow.db)")
     sub.add_parser("flows", help="list the flows")
     sub.add_parser("config-reference", help="print the config reference (markdown table) used in README.md")
     return p
@@ -101,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         from artifacts import ArtifactError, StoreFullError
 
         return {"run": _run, "validate": _validate, "tiny-model": _tiny, "serve": _serve, "deploy": _deploy, "merge-lora": _merge_lora,
-                "flows": _flows, "models": _models, "verify": _verify,
+                "flows": _flows, "models": _models, "verify": _verify, "gc": _gc,
                 "config-reference": _config_reference}[args.cmd](args)
     except KeyboardInterrupt:
         print("interrupted; completed segments are checkpointed, rerun the same command to resume",
@@ -134,6 +147,17 @@ def _verify(args) -> int:
     print(f"{checked} artifacts checked, {len(bad)} bad" + (" (quarantined: the next run recomputes them)"
                                                             if bad and args.quarantine else ""))
     return 1 if bad and not args.quarantine else 0
+
+
+def _gc(args) -> int:
+    from flows.env import data_dir
+    from flows.gc import gc
+
+    root = data_dir(args.data_dir)
+    if not (root / "artifacts").is_dir():
+        print(f"coopflow: {root} holds no artifacts (no {root / 'artifacts'})", file=sys.stderr)
+        return 2
+    return gc(root, args.yes, args.keep_optimizer, args.grace_minutes, args.tracking_uri)
 
 
 def _load(args, algorithm: str | None):
@@ -388,11 +412,19 @@ def _run(args) -> int:
     _check_model_dirs(cfg)
     from stages.loops.preflight import PreflightError, preflight
 
-    try:  # the data dir, the user code the config names, the taskset: one line each, before Prefect starts
-        preflight(cfg)
+    try:  # the data dir, the user code the config names, the taskset, the disk: one line each, before Prefect starts
+        disk = preflight(cfg)
     except PreflightError as err:
         print(f"coopflow: {err}", file=sys.stderr)
         return 2
+    import shutil
+
+    from stages.loops.budget import human_bytes
+
+    free = human_bytes(shutil.disk_usage(cfg.resolved_data_dir()).free)
+    print(f"coopflow: disk: this run writes {disk.describe()}; {free} free under {cfg.resolved_data_dir()}"
+          if disk is not None else "coopflow: disk: no estimate (a model's files are not on this machine yet)",
+          file=sys.stderr)
     from stages.common.threads import choose_threads
 
     print("coopflow: torch threads %d (%s)" % choose_threads(cfg.agents.torch_threads), file=sys.stderr)

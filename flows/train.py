@@ -35,6 +35,7 @@ from flows.tracking import CurvePNG, Tracker, tracker_for
 from schemas.config import ConfigError, RunConfig, load_config
 from stages.loops import context as C
 from stages.loops import run as R
+from stages.agents.checkpoint import policy_key_of
 from stages.loops.keys import eval_key
 from stages.loops.segment import SegmentResult, train_segment
 from stages.tasks.taskset import build_taskset
@@ -113,7 +114,7 @@ def segment_runner(show_progress: bool):
 def evaluate_task(ctx: C.RunContext, ckpt: ArtifactRef, refresh: bool) -> tuple[ArtifactRef, dict]:
     """Single-path evaluation of a checkpoint on the eval split."""
     if refresh:
-        ctx.store.remove("eval", eval_key(ctx, ckpt.key))
+        ctx.store.remove("eval", eval_key(ctx, policy_key_of(ckpt.key)))
     return R.evaluate_checkpoint(ctx, ckpt)
 
 
@@ -176,7 +177,7 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
         prefect_tags = {}
     # One run of a run key at a time (two identical runs at once: the second waits, then reuses what the first
     # stored and continues its MLflow run instead of duplicating both); released in `finally` or by process death.
-    lock = store.lock(f"run-{run_key}")
+    lock = store.lock(f"run-{run_key}", [ctx.plan.start_key, *ends])
     t_wait = int(time.time() * 1000)
     waited = lock.__enter__()
     ok = False
@@ -404,7 +405,7 @@ def run_preference(algorithm: str, config: dict | None, config_path: str | None,
                                      lambda i, res: tracker.log_metrics(store.read_rows(res.metrics)))
             ckpt, env_steps = trained.checkpoint, trained.env_steps
             first, last = trained.first_last()
-            summary.update(rm_reward_first=first, rm_reward_last=last, run_key=ckpt.key)
+            summary.update(rm_reward_first=first, rm_reward_last=last, run_key=policy_key_of(ckpt.key))
             eval_ctx = rctx
         tracker.record("checkpoint.final", ckpt, tag=True)
         summary.update(env_steps=env_steps, checkpoint=str(store.open_dir(ckpt)))

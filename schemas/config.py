@@ -646,6 +646,12 @@ class RunConfig(_Strict):
         default_factory=dict, description="fsspec storage options of remote_store (e.g. {endpoint_url: ...}); keep "
                                           "credentials in the environment (AWS_ACCESS_KEY_ID, ...), not here.")
     checkpoint_every: int = Field(0, ge=0, description="Write a checkpoint every this many updates (0 = once per epoch).")
+    checkpoint_optimizer: Literal["all", "last", "none"] = Field(
+        "last", description="Which checkpoints keep optimizer (AdamW) state, about 2/3 of a full-model checkpoint: "
+                            "all | last (a segment's checkpoint drops it once the next one is written, so only a "
+                            "run's final checkpoint keeps it) | none (the final one drops it too; continuing the run "
+                            "replays its stored updates). Resuming is exact either way; weights-only checkpoints "
+                            "are stored under '<key>-weights'.")
     eval_before: bool = Field(True, description="Evaluate the initial policies before training on the same eval "
                                                 "items and eval seed as the final evaluation (summary eval_before, "
                                                 "MLflow eval_before/*; the reference evaluates at batch 0).")
@@ -655,6 +661,9 @@ class RunConfig(_Strict):
                                                      "= normal caching.")
     max_sequences: int = Field(2_000_000, ge=0, description="Refuse a run that would generate more sequences than "
                                                             "this (pre-flight budget; 0 = no limit).")
+    check_disk: bool = Field(True, description="Refuse a run whose estimated writes (checkpoints, rollouts) exceed "
+                                               "the free disk under the data dir (pre-flight; the estimate is "
+                                               "printed either way); false = print only.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster and per-agent resources (used by "
                                                                   "parallel_training: ray and reward.executor: ray).")

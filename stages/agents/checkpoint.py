@@ -12,11 +12,56 @@ A checkpoint is a directory artifact holding everything a run needs to continue:
     trainer_state.json        update, env_step, segment_keys, ... of the last completed update
 
 Every module that reads or writes a checkpoint goes through `CheckpointLayout`.
+
+**Weights-only checkpoints.** A checkpoint holding the policy version `key` with its optimizer state is stored
+under `key`; without it (everything but `optimizer/`) under `key-weights` (`weights_only_key`), so the two never
+share a key. `trainer.checkpoint_optimizer` (see `stages.loops.run`) and `coopflow gc --keep-optimizer` replace
+a full checkpoint by its weights-only copy (`drop_optimizer_state`); `find_checkpoint` finds either.
 """
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from artifacts import ArtifactRef, ArtifactStore
+
+WEIGHTS_ONLY = "-weights"
+"""Suffix of the key of a checkpoint stored without its optimizer state."""
+
+
+def weights_only_key(policy_key: str) -> str:
+    """The key of the weights-only checkpoint of a policy version."""
+    return policy_key + WEIGHTS_ONLY
+
+
+def policy_key_of(checkpoint_key: str) -> str:
+    """The policy version a checkpoint key holds (with or without its optimizer state)."""
+    return checkpoint_key.removesuffix(WEIGHTS_ONLY)
+
+
+def is_weights_only(ref: ArtifactRef | str) -> bool:
+    """Whether a checkpoint (ref or key) was stored without optimizer state."""
+    return (ref if isinstance(ref, str) else ref.key).endswith(WEIGHTS_ONLY)
+
+
+def find_checkpoint(store: ArtifactStore, policy_key: str, optimizer: bool = False) -> ArtifactRef | None:
+    """The stored checkpoint of a policy version: the full one, else (unless `optimizer`) the weights-only one."""
+    full = store.find("checkpoint", policy_key)
+    if full is not None or optimizer:
+        return full
+    return store.find("checkpoint", weights_only_key(policy_key))
+
+
+def drop_optimizer_state(store: ArtifactStore, policy_key: str) -> ArtifactRef | None:
+    """Replace the full checkpoint of `policy_key` by a weights-only one (hard links: no copy; the full one is
+    removed once the other is committed). Returns the weights-only ref (None when neither is stored)."""
+    full = store.find("checkpoint", policy_key)
+    if full is None:
+        return store.find("checkpoint", weights_only_key(policy_key))
+    slim = store.put_subset("checkpoint", full, weights_only_key(policy_key),
+                            lambda rel: not rel.startswith("optimizer/"))
+    store.remove("checkpoint", policy_key)
+    return slim
 
 
 @dataclass(frozen=True)

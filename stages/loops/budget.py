@@ -68,3 +68,55 @@ def unreachable_turns_warning(num_turns: int, threshold: float | None, reward_ra
                 f"reward exceeds it, so no branch ever reaches turn 2 (num_turns={num_turns} does nothing); "
                 "set early_termination_threshold: null or a value inside the reward range")
     return None
+
+
+# --- disk --------------------------------------------------------------------------------------------
+
+def human_bytes(n: float) -> str:
+    """Bytes for people: 812 B, 3.4 kB, 12.3 MB, 3.10 GB (decimal units)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}" if unit == "GB" else f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class DiskEstimate:
+    """Bytes a run writes into the store, estimated before anything loads (no early termination, nothing stored)."""
+
+    checkpoints: int  # how many checkpoints the run writes
+    full_bytes: int  # one checkpoint with optimizer state (weights + 2 AdamW moments per trained parameter)
+    weights_bytes: int  # one weights-only checkpoint
+    checkpoint_bytes: int  # what the run's checkpoints hold at its end
+    peak_bytes: int  # the most on disk at once (a full checkpoint is written before its predecessor is slimmed)
+    rollout_bytes: int  # rollouts, scores and learning signals (Parquet, an upper bound)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.peak_bytes + self.rollout_bytes
+
+    def describe(self) -> str:
+        h = human_bytes
+        return (f"up to ~{h(self.total_bytes)} ({self.checkpoints} checkpoint(s) of {h(self.full_bytes)} with "
+                f"optimizer state, {h(self.weights_bytes)} weights-only: {h(self.checkpoint_bytes)} kept at the end, "
+                f"{h(self.peak_bytes)} at the peak; rollouts ~{h(self.rollout_bytes)})")
+
+
+def estimate_disk(params: int, trained_params: int, weight_bytes: int, other_bytes: int, checkpoints: int,
+                  keep_optimizer: str, sequences: int, bytes_per_sequence: int) -> DiskEstimate:
+    """The disk a run writes: `params` stored parameters per checkpoint (every agent and critic) of which
+    `trained_params` have AdamW state (two moments each, in the weights' dtype) plus `other_bytes` of tokenizer and
+    config files, `checkpoints` of them kept as `keep_optimizer` says (all | last | none), and `sequences`
+    generated rows of `bytes_per_sequence` (the rollout row and its share of scores and learning signals)."""
+    w = params * weight_bytes + other_bytes
+    opt = 2 * trained_params * weight_bytes
+    full = w + opt
+    c = max(1, checkpoints)
+    if keep_optimizer == "all":
+        end, peak = c * full, c * full
+    elif keep_optimizer == "last":
+        end = (c - 1) * w + full
+        peak = end + (opt if c > 1 else 0)
+    else:
+        end, peak = c * w, c * w + opt
+    return DiskEstimate(c, full, w, end, peak, sequences * bytes_per_sequence)

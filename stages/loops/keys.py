@@ -96,3 +96,8 @@ def segment_end_keys(ctx: "RunContext") -> tuple[str, ...]:
             pk = update_keys(ctx, pk, u).policy_after
         out.append(pk)
     return tuple(out)
+
+
+def rm_round_key(round_key: str) -> str:
+    """Key of the reward model fitted in the iterative round whose checkpoint key is `round_key`."""
+    return key_for("reward_model", {"round": round_key, "v": "1"})  # (the rounds' stage version, not the plan's)

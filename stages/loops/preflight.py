@@ -5,15 +5,24 @@ one line naming the field or file: the data dir must be a writable directory; ev
 config names (reward, processor, formatters, transition, evaluation hooks, metrics callback, centralized
 adapter) must import; the taskset must be readable (UTF-8 text), non-empty, with its prompt column. The taskset
 is built into the store on the way (the run then finds it cached).
+
+It also estimates the disk the run writes (`disk_estimate`: checkpoints from the models' parameter counts, read
+from their safetensors headers or the tiny model's shape without loading anything, and the generated rollouts)
+and refuses a run that clearly does not fit in the free space under the data dir (`check_disk: false` skips that).
 """
 
 import errno
+import json
+import math
 import os
+import shutil
+import struct
 from pathlib import Path
 
 from schemas.config import RunConfig
+from stages.loops import budget
 
-__all__ = ["PreflightError", "preflight", "check_user_code"]
+__all__ = ["PreflightError", "preflight", "check_user_code", "disk_estimate", "model_size"]
 
 
 class PreflightError(ValueError):
@@ -81,16 +90,152 @@ def _user_code(cfg: RunConfig) -> None:
             raise PreflightError(f"centralized_adapter: {err}") from None
 
 
-def preflight(cfg: RunConfig) -> None:
-    """Raise PreflightError (one line naming the field or file) when the config cannot run."""
+def preflight(cfg: RunConfig) -> "budget.DiskEstimate | None":
+    """Raise PreflightError (one line naming the field or file) when the config cannot run; returns the disk
+    estimate (None when a model's size is unknown)."""
     from artifacts import ArtifactStore
-    from stages.tasks.taskset import build_taskset
+    from stages.tasks.taskset import build_taskset, load_items
 
     d = _data_dir(cfg)
     check_user_code(cfg)
+    store = ArtifactStore(d / "artifacts", cfg.resolved_remote_store(), cfg.remote_store_options)
     try:
-        build_taskset(cfg.taskset, ArtifactStore(d / "artifacts", cfg.resolved_remote_store(),
-                                                  cfg.remote_store_options))
+        ref = build_taskset(cfg.taskset, store)
     except (FileNotFoundError, ValueError, KeyError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         raise PreflightError(f"taskset: {msg}" if not str(msg).startswith("taskset") else str(msg)) from None
+    est = disk_estimate(cfg, load_items(store, ref, "train"))
+    if est is not None and cfg.check_disk:
+        check_disk(est, d)
+    return est
+
+
+# --- disk ------------------------------------------------------------------------------------------
+
+_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+                "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
+
+
+def _safetensors_params(f: Path) -> tuple[int, int]:
+    """(parameters, bytes of their data) from a safetensors file's header (the tensors are not read)."""
+    with open(f, "rb") as h:
+        (n,) = struct.unpack("<Q", h.read(8))
+        header = json.loads(h.read(n))
+    params = nbytes = 0
+    for name, t in header.items():
+        if name != "__metadata__":
+            count = math.prod(t["shape"])
+            params += count
+            nbytes += count * _DTYPE_BYTES.get(t["dtype"], 4)
+    return params, nbytes
+
+
+def _tiny_params(hidden: int, layers: int, vocab: int = 384) -> int:
+    """Parameters of the built-in tiny Qwen2 (`stages.agents.models.build_tiny_model`): tied embeddings, q/k/v
+    biases, an MLP of 2 x hidden, half as many key/value heads as heads (hidden // 16)."""
+    heads = max(1, hidden // 16)
+    kv = max(1, heads // 2) * (hidden // heads)
+    per_layer = (hidden * hidden + hidden) + 2 * (hidden * kv + kv) + hidden * hidden + 3 * hidden * 2 * hidden \
+        + 2 * hidden
+    return vocab * hidden + layers * per_layer + hidden
+
+
+def _local_dir(src: str) -> Path | None:
+    """A model source's files on this machine: its directory, or the Hugging Face cache's snapshot of a hub id."""
+    p = Path(src).expanduser()
+    if p.is_dir():
+        return p
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(src, "config.json")
+        return Path(hit).parent if isinstance(hit, str) else None
+    except Exception:  # not an id, or no hub client: size unknown
+        return None
+
+
+def model_size(src: str, cfg: RunConfig) -> tuple[int, int, int] | None:
+    """(parameters, bytes per stored parameter, bytes of the other files) of a model source, read without loading
+    it; None when its files are not on this machine (a hub id not yet downloaded, a catalog model not installed)."""
+    if src == "tiny":
+        return _tiny_params(cfg.agents.tiny_hidden_size, cfg.agents.tiny_num_layers), 4, 15_000
+    d = _local_dir(src)
+    if d is None:
+        return None
+    files = [f for f in d.rglob("*") if f.is_file()]
+    params = nbytes = 0
+    for f in files:
+        if f.suffix == ".safetensors":
+            p, b = _safetensors_params(f)
+            params, nbytes = params + p, nbytes + b
+    if params == 0:  # pickled weights only: assume float32
+        nbytes = sum(f.stat().st_size for f in files if f.suffix in _WEIGHT_SUFFIXES)
+        params = nbytes // 4
+    other = sum(f.stat().st_size for f in files if f.suffix not in _WEIGHT_SUFFIXES and not f.name.startswith("."))
+    return (params, round(nbytes / params) if params else 4, other) if params else None
+
+
+def _dtype_bytes(dtype: str, stored: int) -> int:
+    """Bytes per parameter of the weights a run saves: agents.dtype, or the source's own for 'auto'."""
+    return {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}.get(str(dtype), stored)
+
+
+def disk_estimate(cfg: RunConfig, train_items: list) -> "budget.DiskEstimate | None":
+    """What the run will write into the store (see `budget.estimate_disk`); None when a model's size is unknown."""
+    from stages.loops.plan import is_actor_critic, plan_segments, plan_updates, trains_in_segments
+
+    t, a = cfg.trainer, cfg.agents
+    sizes = [model_size(s, cfg) for s in cfg.actor_sources()]
+    critics = cfg.critic_sources() if is_actor_critic(cfg) and hasattr(cfg, "critic_sources") else []
+    csizes = [model_size(s, cfg) for s in critics or []]
+    if any(x is None for x in sizes + csizes):
+        return None
+    wb = _dtype_bytes(a.dtype, sizes[0][1])
+    params = sum(p for p, _, _ in sizes + csizes)
+    other = sum(o for _, _, o in sizes + csizes)
+    trained = params
+    if a.lora is not None:  # adapters only: r x (in + out) per target module and layer, about r x 2 x hidden
+        per_agent = _lora_params(cfg, a.lora)
+        params = trained = per_agent * len(sizes)
+        wb = 4
+    n, k = len(sizes), t.num_generations
+    joint_mode = getattr(t, "joint_mode", "aligned")
+    branch = k if (joint_mode == "aligned" or n == 1) else k ** n
+    nodes = sum(branch ** d for d in range(t.num_turns))
+    if trains_in_segments(cfg):
+        units = nodes * (k if is_actor_critic(cfg) else 1)
+        updates = plan_updates(len(train_items), t.num_train_epochs, t.rollout_buffer_size, 1, units)
+        checkpoints = len(plan_segments(updates, cfg.checkpoint_every))
+        sequences = len(train_items) * t.num_train_epochs * nodes * k * n
+    else:  # preference flows: one checkpoint (per round), P candidates per item and agent (per round)
+        rounds = getattr(t, "num_iterations", 1)
+        checkpoints = rounds
+        sequences = rounds * len(train_items) * n * getattr(t, "preference_num_candidates", k)
+    prompt = sum(len(str(it.get("prompt", ""))) for it in train_items) / max(1, len(train_items))
+    per_seq = int(2 * prompt + 8 * t.max_new_tokens + 200)  # text + token ids of prompt and completion, row overhead
+    return budget.estimate_disk(params, trained, wb, other, checkpoints, cfg.checkpoint_optimizer, sequences, per_seq)
+
+
+def _lora_params(cfg: RunConfig, lora) -> int:
+    """Trainable parameters of one agent's LoRA adapter (from the base model's config.json)."""
+    src = cfg.actor_sources()[0]
+    if src == "tiny":
+        hidden, layers = cfg.agents.tiny_hidden_size, cfg.agents.tiny_num_layers
+    else:
+        d = _local_dir(src)
+        conf = json.loads((d / "config.json").read_text()) if d and (d / "config.json").is_file() else {}
+        hidden, layers = conf.get("hidden_size", 1024), conf.get("num_hidden_layers", 24)
+    return lora.r * 2 * hidden * len(lora.target_modules) * layers
+
+
+def check_disk(est: "budget.DiskEstimate", data_dir: Path) -> None:
+    """PreflightError when the run's estimated writes exceed the free space under the data dir."""
+    free = shutil.disk_usage(data_dir).free
+    if est.total_bytes <= free:
+        return
+    raise PreflightError(
+        f"data_dir {data_dir}: this run writes {est.describe()}, but only {budget.human_bytes(free)} is free there. Free "
+        "space (`coopflow gc` lists what no recorded run needs), point data_dir / COOPFLOW_HOME at a larger disk, "
+        "write fewer checkpoints (checkpoint_every), keep less optimizer state (checkpoint_optimizer: last or "
+        "none), or set check_disk: false if it is already stored")

@@ -35,6 +35,7 @@ from stages.evaluate.evaluate import evaluate
 from stages.evaluate.reward_drift import drift_metrics, drift_record
 from stages.loops.context import (RunContext, formatters_for, joint_prompt_parts, processed_range,
                                   resolve_model_sources)
+from stages.loops.keys import rm_round_key
 from stages.loops.run import run_segments
 from stages.loops.segment import acquire_policies, open_checkpoint
 from stages.rollout.generate import SamplingConfig, generate_rollouts
@@ -310,11 +311,6 @@ def _round_start(ctx: RunContext, prev: ArtifactRef | None, start_key: str):
 
 
 # --- MARLHF-iter: reward model per round ---------------------------------------------------------
-
-
-def rm_round_key(round_key: str) -> str:
-    """Key of the reward model fitted in the round whose checkpoint key is `round_key`."""
-    return key_for("reward_model", {"round": round_key, "v": STAGE_VERSION})
 
 
 def _scoring_reward(ctx: RunContext, r: int, keys: list[str]):

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from artifacts import ArtifactError, ArtifactRef, ArtifactStore, key_for
 from schemas.config import ConfigError, RunConfig
-from stages.agents.checkpoint import CheckpointLayout
+from stages.agents.checkpoint import (CheckpointLayout, drop_optimizer_state, find_checkpoint, is_weights_only,
+                                     policy_key_of)
 from stages.agents.models import load_critic, save_critic
 from stages.common.seeds import derive_seed
 from stages.evaluate.evaluate import eval_metrics, evaluate, hook_metrics
@@ -87,26 +88,48 @@ def run_segments(ctx: RunContext, run_segment: SegmentRunner | None = None,
         return train_segment(c, i, start, start_key, show_progress=show_progress)
 
     run_segment = run_segment or default
+    ctx.session.rebuild |= segments_to_rebuild(ctx)
+    keep = getattr(ctx.cfg, "checkpoint_optimizer", "all")
     out, ckpt, key = TrainResult(), None, ctx.plan.start_key
     for i, end in enumerate(ctx.end_keys):
         res = run_segment(ctx, i, ckpt, key)
-        if res.checkpoint.key != end:
+        if policy_key_of(res.checkpoint.key) != end:
             raise RuntimeError(f"segment {i} produced policy {res.checkpoint.key}, planned {end}")
+        if keep != "all" and i > 0:  # segment i's checkpoint is committed: i-1's optimizer state is not needed
+            out.segments[i - 1].checkpoint = drop_optimizer_state(ctx.store, ctx.end_keys[i - 1])
         ckpt, key = res.checkpoint, end
         out.add(ctx.store, res)
         if on_segment is not None:
             on_segment(i, res)
+    if keep == "none" and out.segments:
+        out.segments[-1].checkpoint = drop_optimizer_state(ctx.store, ctx.end_keys[-1])
     return out
+
+
+def segments_to_rebuild(ctx: RunContext) -> set[int]:
+    """Segments to re-run although stored: when the first segment that must train starts from a weights-only
+    checkpoint (its optimizer state was dropped, `checkpoint_optimizer` or `coopflow gc`), the segments after the
+    last checkpoint that still has it are replayed from their stored rollouts, so training continues exactly."""
+    store, ends = ctx.store, ctx.end_keys
+    stored = [find_checkpoint(store, k) is not None and store.find("steps", k) is not None
+              and store.find("metrics", k) is not None for k in ends]
+    first = next((i for i, ok in enumerate(stored) if not ok), None)
+    if not first or ctx.session.live.peek(ends[first - 1]) is not None:
+        return set()  # nothing to train, training starts from the sources, or from live policies
+    start = first - 1
+    while start >= 0 and is_weights_only(find_checkpoint(store, ends[start])):
+        start -= 1  # back to a full checkpoint (or the sources)
+    return set(range(start + 1, first))
 
 
 def stored_training(ctx: RunContext) -> TrainResult:
     """The stored segments of an already trained run (to evaluate or re-fit without training again)."""
     store = ctx.store
-    if store.find("checkpoint", ctx.run_key) is None:
+    if find_checkpoint(store, ctx.run_key) is None:
         raise ConfigError("no trained checkpoint for this config yet: run the 'train' stage first")
     out = TrainResult()
     for k in ctx.end_keys:
-        out.add(store, SegmentResult(store.find("checkpoint", k), store.find("steps", k), store.find("metrics", k),
+        out.add(store, SegmentResult(find_checkpoint(store, k), store.find("steps", k), store.find("metrics", k),
                                      cached=True))
     return out
 
@@ -139,7 +162,7 @@ def training_summary(store: ArtifactStore, trained: TrainResult) -> dict:
 
 def segment_keys_of(store: ArtifactStore, run_key: str) -> list[str]:
     """Segment end keys of an earlier run, read from its final checkpoint's trainer state."""
-    ck = store.find("checkpoint", run_key)
+    ck = find_checkpoint(store, run_key)
     if ck is None:
         raise ConfigError(f"rescore_from={run_key!r}: no such run (no checkpoint with that run_key in {store.root})")
     return CheckpointLayout(store.open_dir(ck)).trainer_state().get("segment_keys", [run_key])
@@ -194,7 +217,7 @@ def refit_critic(ctx: RunContext, ckpt: ArtifactRef, steps_refs: list[ArtifactRe
             ac_keys.append(step["signal"])
     c = cfg.critic
     lr = c.refit_learning_rate or t.critic_lr
-    key = key_for("critic", {"checkpoint": ckpt.key, "samples": ac_keys, "epochs": c.refit_epochs, "lr": lr,
+    key = key_for("critic", {"checkpoint": policy_key_of(ckpt.key), "samples": ac_keys, "epochs": c.refit_epochs, "lr": lr,
                              "batch": t.batch_size, "seed": cfg.seed})
     lay = CheckpointLayout(store.open_dir(ckpt))
     if cfg.algorithm == "maac":
@@ -275,7 +298,7 @@ def first_last_fifth(values: list[float]) -> tuple[float | None, float | None]:
 
 def evaluate_checkpoint(ctx: RunContext, ckpt: ArtifactRef) -> tuple[ArtifactRef, dict[str, float]]:
     """Evaluate a checkpoint on the eval split (eval_num_samples items; all when 0) -> eval artifact + metrics."""
-    return _evaluate(ctx, ckpt.key, lambda: peek_policies(ctx, ckpt))
+    return _evaluate(ctx, policy_key_of(ckpt.key), lambda: peek_policies(ctx, ckpt))
 
 
 def evaluate_initial(ctx: RunContext) -> tuple[ArtifactRef, dict[str, float]]:

@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 from artifacts import ArtifactRef
-from stages.agents.checkpoint import CheckpointLayout
+from stages.agents.checkpoint import CheckpointLayout, find_checkpoint, is_weights_only, policy_key_of
 from stages.agents.models import load_critic, load_policies, save_checkpoint
 from stages.agents.workers import WorkerPolicies, agent_devices
 from stages.common.progress import bar_safe_logging
@@ -103,16 +103,19 @@ def _open_policies(ctx: RunContext, sources: list, optimizer_files: list | None,
 
 
 def open_checkpoint(ctx: RunContext, ckpt: ArtifactRef, with_optimizers: bool = True):
-    """Load the policies of a stored checkpoint (its optimizer states unless `with_optimizers` is False)."""
+    """Load the policies of a stored checkpoint (its optimizer states unless `with_optimizers` is False or the
+    checkpoint is weights-only)."""
     lay = CheckpointLayout(ctx.store.open_dir(ckpt))
+    with_optimizers = with_optimizers and not is_weights_only(ckpt)
     dirs, opts, state = lay.sources(ctx.n)
     return _open_policies(ctx, [str(d) for d in dirs], opts if with_optimizers else None, state,
                           lay if with_optimizers else None)
 
 
 def acquire_policies(ctx: RunContext, start: ArtifactRef | None, start_key: str):
-    """Live policies for a segment start: in-memory when possible, else the checkpoint, else the sources."""
-    pol = ctx.session.live.take(start_key)
+    """Live policies for a segment start: in-memory when possible, else the checkpoint, else the sources.
+    (`run_segments` never starts a segment that trains from a weights-only checkpoint: it rebuilds the full one.)"""
+    pol = ctx.session.live.take(policy_key_of(start_key))
     if pol is not None:
         return pol
     ctx.session.live.clear()
@@ -128,10 +131,10 @@ def acquire_policies(ctx: RunContext, start: ArtifactRef | None, start_key: str)
 
 def peek_policies(ctx: RunContext, ckpt: ArtifactRef):
     """Policies of a checkpoint for read-only use (evaluation), reusing the live copy if it matches."""
-    pol = ctx.session.live.peek(ckpt.key)
+    pol = ctx.session.live.peek(policy_key_of(ckpt.key))
     if pol is None:
         pol = open_checkpoint(ctx, ckpt)
-        ctx.session.live.put(ckpt.key, pol)
+        ctx.session.live.put(policy_key_of(ckpt.key), pol)
     return pol
 
 
@@ -209,7 +212,9 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
                   show_progress: bool = False) -> SegmentResult:
     """Run (or replay) the updates of one segment and write its checkpoint, steps and metrics.
 
-    A segment whose checkpoint, steps and metrics are all stored returns them without loading a model.
+    A segment whose checkpoint (with or without optimizer state), steps and metrics are all stored returns them
+    without loading a model, unless `run_segments` marked it for rebuilding (`ctx.session.rebuild`: a later
+    segment must start from its optimizer state, which was dropped); a rebuild replays its stored updates.
     """
     from tqdm.auto import tqdm
 
@@ -217,8 +222,8 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     seg = ctx.plan.segments[seg_index]
     ends = ctx.end_keys
     end_key = ends[seg_index]
-    done = [store.find(kind, end_key) for kind in ("checkpoint", "steps", "metrics")]
-    if all(done):  # the whole segment is already stored: nothing to run
+    done = [find_checkpoint(store, end_key), store.find("steps", end_key), store.find("metrics", end_key)]
+    if all(done) and seg_index not in ctx.session.rebuild:  # the whole segment is already stored: nothing to run
         return SegmentResult(done[0], done[1], done[2], cached=True)
     t_load = time.perf_counter()
     pol = acquire_policies(ctx, start, start_key)

@@ -57,6 +57,7 @@ class Session:
     #                                in-memory agents: trained in place, as the reference trains its agents) ...
     initial_sources: tuple = ()  # ... by a context whose (resolved) sources are these, i.e. the same weights
     closers: list = field(default_factory=list)  # what else the run started (reward executors' pools/clusters)
+    rebuild: set = field(default_factory=set)  # segment indices to re-run (replay) although stored weights-only
 
     def executed(self) -> dict[str, int]:
         """Stage bodies that ran in this session, by name (what the run summary reports)."""
