@@ -448,7 +448,7 @@ def test_data_dir_accepts_file_uris_and_refuses_object_storage(tmp_path, monkeyp
     assert cfg.resolved_data_dir() == tmp_path / "with space"
     monkeypatch.setenv("COOPFLOW_HOME", f"file://{tmp_path}/home")
     assert data_dir_path(None) == tmp_path / "home"
-    with pytest.raises(ConfigError, match=r"data_dir 's3://bucket/runs': a s3:// store is not supported .*atomic"):
+    with pytest.raises(ConfigError, match=r"data_dir 's3://bucket/runs': a s3:// data dir is not supported .*atomic.*set remote_store"):
         validate_config({**_cfg(), "data_dir": "s3://bucket/runs"})
     with pytest.raises(ConfigError, match=r"file:///path"):
         validate_config({**_cfg(), "data_dir": "file://otherhost/share"})

@@ -46,31 +46,60 @@ def supports(model) -> bool:
     return rope.get("rope_type", "default") != "dynamic"
 
 
+def native_bf16(device: str = "cpu") -> bool:
+    """Whether `device` has native bf16 matmuls (CPU: AVX512-BF16 or AMX in /proc/cpuinfo; CUDA: Ampere+)."""
+    if str(device).startswith("cuda") or device == "auto" and torch.cuda.is_available():
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_decode_dtype(setting: str, device: str) -> str:
+    """`agents.decode_dtype` with 'auto' resolved for this machine: 'bfloat16' where native, else 'model'."""
+    if setting == "auto":
+        return "bfloat16" if native_bf16(device) else "model"
+    return setting
+
+
 # --- weights -------------------------------------------------------------------------------------
 
-def _layer_weights(layer):
-    """Fused projection weights of one decoder layer (rebuilt per call: the policy changes between calls)."""
+def _layer_weights(layer, dt: torch.dtype):
+    """Fused projection weights of one decoder layer in the compute dtype `dt` (rebuilt per call: the policy
+    changes between calls)."""
     a, m = layer.self_attn, layer.mlp
 
     def bias(lin):
         return lin.bias if lin.bias is not None else torch.zeros(lin.out_features, dtype=lin.weight.dtype,
                                                                   device=lin.weight.device)
 
-    qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+    def cast(t):
+        return None if t is None else t.to(dt)
+
+    qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).to(dt)
     qkv_b = None
     if a.q_proj.bias is not None or a.k_proj.bias is not None:
-        qkv_b = torch.cat([bias(a.q_proj), bias(a.k_proj), bias(a.v_proj)])
-    return dict(ln1=layer.input_layernorm, ln2=layer.post_attention_layernorm, qkv_w=qkv_w, qkv_b=qkv_b,
-                o_w=a.o_proj.weight, o_b=a.o_proj.bias, gu_w=torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                d_w=m.down_proj.weight, inter=m.gate_proj.out_features)
+        qkv_b = torch.cat([bias(a.q_proj), bias(a.k_proj), bias(a.v_proj)]).to(dt)
+    return dict(ln1=_norm(layer.input_layernorm, dt), ln2=_norm(layer.post_attention_layernorm, dt), qkv_w=qkv_w,
+                qkv_b=qkv_b, o_w=cast(a.o_proj.weight), o_b=cast(a.o_proj.bias),
+                gu_w=torch.cat([m.gate_proj.weight, m.up_proj.weight]).to(dt), d_w=cast(m.down_proj.weight),
+                inter=m.gate_proj.out_features)
 
 
-def _rms(norm, x):
-    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+def _norm(norm, dt: torch.dtype) -> tuple:
+    """(weight in the compute dtype, eps) of an RMSNorm."""
+    return norm.weight.to(dt), getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+
+
+def _rms(norm: tuple, x):
+    weight, eps = norm
     dt = x.dtype
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return norm.weight * x32.to(dt)
+    return weight * x32.to(dt)
 
 
 def _rotate(x, cos, sin):
@@ -100,21 +129,29 @@ def _warp(logits, temperature: float, top_k: int | None, top_p: float):
 @torch.inference_mode()
 def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
            temperature: float, top_k: int | None, top_p: float, eos_token_id: int | None,
-           pad_token_id: int | None, on_step: Callable[[int], None] | None = None) -> torch.Tensor:
+           pad_token_id: int | None, on_step: Callable[[int], None] | None = None,
+           compute_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Sampled continuations of left-padded prompts.
 
     input_ids, attention_mask: [B, P]. Returns [B, T] new tokens (T ≤ max_new_tokens), pad after EOS.
     `on_step(t)` is called after the t-th token of every sequence (a heartbeat; one call per step, not per row).
+    `compute_dtype`: the dtype of the matmuls and the KV cache (e.g. bfloat16 on CPUs with AVX512-BF16/AMX:
+    half the bytes read per decoded token); None = the model's own. RMSNorm statistics and the sampling
+    warpers stay in float32.
     """
     cfg, inner = model.config, model.model
     B, P = input_ids.shape
     T = max_new_tokens
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
-    layers = [_layer_weights(layer) for layer in inner.layers]
-    emb, lm_w = inner.embed_tokens.weight, model.lm_head.weight
+    dt = compute_dtype or inner.embed_tokens.weight.dtype
+    layers = [_layer_weights(layer, dt) for layer in inner.layers]
+    emb = inner.embed_tokens.weight.to(dt)
+    lm_w = emb if model.lm_head.weight is inner.embed_tokens.weight else model.lm_head.weight.to(dt)
     lm_b = getattr(model.lm_head, "bias", None)
-    dev, dt = emb.device, emb.dtype
+    lm_b = lm_b.to(dt) if lm_b is not None else None
+    dev = emb.device
+    final_norm = _norm(inner.norm, dt)
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
     L = P + T
 
@@ -151,7 +188,7 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
             x = x + F.linear(a.transpose(1, 2).reshape(B, n, q_size), w["o_w"], w["o_b"])
             gu = F.linear(_rms(w["ln2"], x), w["gu_w"])
             x = x + F.linear(F.silu(gu[..., :w["inter"]]) * gu[..., w["inter"]:], w["d_w"])
-        return F.linear(_rms(inner.norm, x[:, -1]), lm_w, lm_b)
+        return F.linear(_rms(final_norm, x[:, -1]), lm_w, lm_b)
 
     # --- prefill: causal over the prompt, pads masked (a fully padded query row attends to itself)
     causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()

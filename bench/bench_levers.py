@@ -1,0 +1,154 @@
+"""Speed levers on a real model, one at a time, against the current path (issue 23).
+
+    python bench/bench_levers.py [--model .bench/models/smollm2-135m-instruct] [--rows 8] [--tokens 128]
+                                 [--repeats 3] [--threads 1] [--levers decode_bf16 loss_bf16 ...]
+
+Each lever is timed against its baseline in the same process, interleaved (baseline, lever, baseline, ...),
+so machine drift cancels; the printed ratio is baseline / lever (> 1: the lever wins). Levers:
+
+- decode_bf16: the KV-cache decode loop with bfloat16 matmuls and cache (`agents.decode_dtype`) vs the
+  weights' float32; numerics: greedy tokens agree, and per-token log-prob difference of the prefill logits.
+- loss_bf16: the policy-gradient loss forward + backward under CPU autocast bfloat16 vs float32.
+- adamw_fused: fused AdamW step vs the for-each implementation.
+
+The model defaults to the catalog's SmolLM2-135M-Instruct (`coopflow models install smollm2-135m-instruct`),
+whose time is matmuls over 30 layers, not per-call overhead. Wait for a quiet machine before trusting numbers.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+PROMPTS = ["Write a Python function that returns the sum of the squares of a list of integers.",
+           "Explain in two sentences why the sky looks blue during the day."]
+
+
+def interleave(base, lever, repeats: int) -> tuple[float, float]:
+    """Median seconds of base() and lever(), alternated `repeats` times after one warm-up each."""
+    base(), lever()
+    tb, tl = [], []
+    for _ in range(repeats):
+        t = time.perf_counter(); base(); tb.append(time.perf_counter() - t)
+        t = time.perf_counter(); lever(); tl.append(time.perf_counter() - t)
+    return statistics.median(tb), statistics.median(tl)
+
+
+def load(model_dir: str):
+    from stages.agents.models import load_agent
+
+    model, tok = load_agent(model_dir, "float32", "sdpa", "cpu")
+    return model, tok
+
+
+def batch(tok, rows: int):
+    prompts = [tok.apply_chat_template([{"role": "user", "content": PROMPTS[i % 2]}], tokenize=False,
+                                       add_generation_prompt=True) for i in range(rows)]
+    return tok(prompts, return_tensors="pt", padding=True)
+
+
+def lever_decode_bf16(model, tok, a) -> dict:
+    from stages.agents.decode import sample
+
+    enc = batch(tok, a.rows)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+
+    def run(dt):
+        torch.manual_seed(0)
+        return sample(model, ids, mask, a.tokens, 1.0, 50, 1.0, None, tok.pad_token_id, compute_dtype=dt)
+
+    tb, tl = interleave(lambda: run(None), lambda: run(torch.bfloat16), a.repeats)
+    # numerics: greedy continuations (top_k 1) and the prefill's next-token log-probs
+    g32 = sample(model, ids, mask, 32, 1.0, 1, 1.0, None, tok.pad_token_id)
+    g16 = sample(model, ids, mask, 32, 1.0, 1, 1.0, None, tok.pad_token_id, compute_dtype=torch.bfloat16)
+    agree = (g32 == g16).float().mean().item()
+    return {"base_s": tb, "lever_s": tl, "greedy_token_agreement": round(agree, 3),
+            "tokens_per_s_base": a.rows * a.tokens / tb, "tokens_per_s_lever": a.rows * a.tokens / tl}
+
+
+def _loss_inputs(model, tok, a):
+    from stages.agents.decode import sample
+
+    enc = batch(tok, a.rows)
+    torch.manual_seed(0)
+    new = sample(model, enc["input_ids"], enc["attention_mask"], a.tokens, 1.0, 50, 1.0, tok.eos_token_id,
+                 tok.pad_token_id)
+    ids = torch.cat([enc["input_ids"], new], 1)
+    mask = torch.cat([enc["attention_mask"], (new != tok.pad_token_id).long()], 1)
+    return ids, mask, enc["input_ids"].shape[1]
+
+
+def _loss(model, ids, mask, P):
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, P - 1:-1].float()
+    lp = torch.gather(F.log_softmax(logits, -1), 2, ids[:, P:, None]).squeeze(2)
+    return -(lp * mask[:, P:]).sum() / mask[:, P:].sum()
+
+
+def lever_loss_bf16(model, tok, a) -> dict:
+    ids, mask, P = _loss_inputs(model, tok, a)
+    model.train()
+
+    def base():
+        model.zero_grad(set_to_none=True)
+        _loss(model, ids, mask, P).backward()
+
+    def lever():
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = _loss(model, ids, mask, P)
+        loss.backward()
+
+    tb, tl = interleave(base, lever, a.repeats)
+    with torch.no_grad():
+        l32 = _loss(model, ids, mask, P).item()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            l16 = _loss(model, ids, mask, P).item()
+    model.eval()
+    return {"base_s": tb, "lever_s": tl, "loss_fp32": round(l32, 5), "loss_bf16": round(l16, 5)}
+
+
+def lever_adamw_fused(model, tok, a) -> dict:
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    fused = torch.optim.AdamW(params, lr=1e-8, fused=True)
+    plain = torch.optim.AdamW(params, lr=1e-8, foreach=True)
+    tb, tl = interleave(plain.step, fused.step, a.repeats)
+    for p in params:
+        p.grad = None
+    return {"base_s": tb, "lever_s": tl}
+
+
+LEVERS = {"decode_bf16": lever_decode_bf16, "loss_bf16": lever_loss_bf16, "adamw_fused": lever_adamw_fused}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=str(REPO / ".bench" / "models" / "smollm2-135m-instruct"))
+    ap.add_argument("--rows", type=int, default=8, help="sequences per batch (items x K)")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--levers", nargs="+", default=list(LEVERS), choices=list(LEVERS))
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    model, tok = load(a.model)
+    print(f"model {a.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f} M params; rows {a.rows}, "
+          f"tokens {a.tokens}, threads {a.threads}, repeats {a.repeats}")
+    for name in a.levers:
+        r = LEVERS[name](model, tok, a)
+        extra = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items() if k not in ("base_s", "lever_s")}
+        print(f"{name:>12}: base {r['base_s']:.2f} s, lever {r['lever_s']:.2f} s -> {r['base_s'] / r['lever_s']:.2f}x  "
+              f"{extra}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
