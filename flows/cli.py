@@ -6,6 +6,7 @@
     coopflow tiny-model DIR [--hidden 64 --layers 2 --vocab 384]  # build the tiny local model
     coopflow serve [--name local] [--cron '0 */6 * * *']   # local Prefect server (if needed) + deployments
     coopflow flows                                    # list the flows
+    coopflow ui [--port 5000]                         # MLflow UI over the data dir (pip install 'coopflow[ui]')
 
 `run` validates the config before importing Prefect or loading a model, then runs the flow on the
 embedded defaults (Prefect ephemeral server + MLflow, both on SQLite under $COOPFLOW_HOME).
@@ -90,6 +91,13 @@ def _parser() -> argparse.ArgumentParser:
     vf.add_argument("--data-dir", help="the data dir (default: $COOPFLOW_HOME or ./.coopflow)")
     vf.add_argument("--quarantine", action="store_true",
                     help="move bad artifacts to <data_dir>/artifacts/.quarantine so the next run recomputes them")
+    u = sub.add_parser("ui", help="open the MLflow UI over the data dir's tracking store (needs: pip install "
+                                  "'coopflow[ui]')")
+    u.add_argument("--data-dir", help="data dir (default: $COOPFLOW_HOME or ./.coopflow)")
+    u.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1, this machine only)")
+    u.add_argument("--port", type=int, default=5000)
+    u.add_argument("--tracking-uri", help="the MLflow store to show instead of <data_dir>/mlflow.db (a config's "
+                                          "tracking.tracking_uri)")
     sub.add_parser("flows", help="list the flows")
     sub.add_parser("config-reference", help="print the config reference (markdown table) used in README.md")
     return p
@@ -101,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         from artifacts import ArtifactError, StoreFullError
 
         return {"run": _run, "validate": _validate, "tiny-model": _tiny, "serve": _serve, "deploy": _deploy, "merge-lora": _merge_lora,
-                "flows": _flows, "models": _models, "verify": _verify,
+                "flows": _flows, "models": _models, "verify": _verify, "ui": _ui,
                 "config-reference": _config_reference}[args.cmd](args)
     except KeyboardInterrupt:
         print("interrupted; completed segments are checkpointed, rerun the same command to resume",
@@ -134,6 +142,14 @@ def _verify(args) -> int:
     print(f"{checked} artifacts checked, {len(bad)} bad" + (" (quarantined: the next run recomputes them)"
                                                             if bad and args.quarantine else ""))
     return 1 if bad and not args.quarantine else 0
+
+
+def _ui(args) -> int:
+    """`coopflow ui`: the MLflow web UI (flows/ui.py)."""
+    from flows.env import data_dir
+    from flows.ui import run_ui
+
+    return run_ui(data_dir(args.data_dir), host=args.host, port=args.port, tracking_uri=args.tracking_uri)
 
 
 def _load(args, algorithm: str | None):
@@ -289,7 +305,7 @@ def _tiny(args) -> int:
 
 WATCHDOG = """
 import os, signal, sys, time
-parent, child = int(sys.argv[1]), int(sys.argv[2])
+parent, child, group = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:] == ["group"]
 while True:
     try:
         os.kill(parent, 0)
@@ -297,16 +313,18 @@ while True:
         break
     time.sleep(1)
 try:
-    os.kill(child, signal.SIGTERM)
+    (os.killpg if group else os.kill)(child, signal.SIGTERM)
 except ProcessLookupError:
     pass
 """
 
 
-def _reap_with_parent(pid: int) -> None:
-    """Stop process `pid` (Prefect's ephemeral server) once this process is gone, also after a `kill -9`
-    (Prefect stops it on a normal exit; a killed CLI used to leave it running)."""
-    subprocess.Popen([sys.executable, "-c", WATCHDOG, str(os.getpid()), str(pid)], start_new_session=True,
+def _reap_with_parent(pid: int, group: bool = False) -> None:
+    """Stop process `pid` (Prefect's ephemeral server; with `group`, the process group that `pid` leads: the
+    MLflow UI server and its workers) once this process is gone, also after a `kill -9` (Prefect stops it on a
+    normal exit; a killed CLI used to leave it running)."""
+    subprocess.Popen([sys.executable, "-c", WATCHDOG, str(os.getpid()), str(pid), *(["group"] if group else [])],
+                     start_new_session=True,
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
