@@ -303,29 +303,6 @@ def _tiny(args) -> int:
     return 0
 
 
-WATCHDOG = """
-import os, signal, sys, time
-parent, child, group = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:] == ["group"]
-while True:
-    try:
-        os.kill(parent, 0)
-    except ProcessLookupError:
-        break
-    time.sleep(1)
-try:
-    (os.killpg if group else os.kill)(child, signal.SIGTERM)
-except ProcessLookupError:
-    pass
-"""
-
-
-def _reap_with_parent(pid: int, group: bool = False) -> None:
-    """Stop process `pid` (Prefect's ephemeral server; with `group`, the process group that `pid` leads: the
-    MLflow UI server and its workers) once this process is gone, also after a `kill -9` (Prefect stops it on a
-    normal exit; a killed CLI used to leave it running)."""
-    subprocess.Popen([sys.executable, "-c", WATCHDOG, str(os.getpid()), str(pid), *(["group"] if group else [])],
-                     start_new_session=True,
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _boot_ephemeral_server():
@@ -341,6 +318,8 @@ def _boot_ephemeral_server():
         return lambda: None
     from prefect.server.api.server import SubprocessASGIServer
 
+    from flows.reaper import reap_with_parent
+
     errors: list[BaseException] = []
 
     def boot() -> None:
@@ -348,7 +327,7 @@ def _boot_ephemeral_server():
             server = SubprocessASGIServer()
             server.start()
             if server.server_process is not None:
-                _reap_with_parent(server.server_process.pid)
+                reap_with_parent(server.server_process.pid)
         except BaseException as err:  # surfaced by the waiter below
             errors.append(err)
 
