@@ -8,6 +8,7 @@
     coopflow flows                                    # list the flows
     coopflow verify [--data-dir D] [--quarantine]     # check every artifact's digests
     coopflow gc [--data-dir D] [--yes] [--keep-optimizer all|last|none]   # what no recorded run needs (bytes)
+    coopflow ui [--port 5000]                         # MLflow UI over the data dir (pip install 'coopflow[ui]')
 
 `run` validates the config before importing Prefect or loading a model, then runs the flow on the
 embedded defaults (Prefect ephemeral server + MLflow, both on SQLite under $COOPFLOW_HOME).
@@ -103,6 +104,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--grace-minutes", type=float, default=60.0,
                    help="never delete artifacts written in the last N minutes (default 60)")
     g.add_argument("--tracking-uri", help="MLflow store of the runs (default: sqlite:///<data_dir>/mlflow.db)")
+    u = sub.add_parser("ui", help="open the MLflow UI over the data dir's tracking store (needs: pip install "
+                                  "'coopflow[ui]')")
+    u.add_argument("--data-dir", help="data dir (default: $COOPFLOW_HOME or ./.coopflow)")
+    u.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1, this machine only)")
+    u.add_argument("--port", type=int, default=5000)
+    u.add_argument("--tracking-uri", help="the MLflow store to show instead of <data_dir>/mlflow.db (a config's "
+                                          "tracking.tracking_uri)")
     sub.add_parser("flows", help="list the flows")
     sub.add_parser("config-reference", help="print the config reference (markdown table) used in README.md")
     return p
@@ -114,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         from artifacts import ArtifactError, StoreFullError
 
         return {"run": _run, "validate": _validate, "tiny-model": _tiny, "serve": _serve, "deploy": _deploy, "merge-lora": _merge_lora,
-                "flows": _flows, "models": _models, "verify": _verify, "gc": _gc,
+                "flows": _flows, "models": _models, "verify": _verify, "gc": _gc, "ui": _ui,
                 "config-reference": _config_reference}[args.cmd](args)
     except KeyboardInterrupt:
         print("interrupted; completed segments are checkpointed, rerun the same command to resume",
@@ -158,6 +166,12 @@ def _gc(args) -> int:
         print(f"coopflow: {root} holds no artifacts (no {root / 'artifacts'})", file=sys.stderr)
         return 2
     return gc(root, args.yes, args.keep_optimizer, args.grace_minutes, args.tracking_uri)
+def _ui(args) -> int:
+    """`coopflow ui`: the MLflow web UI (flows/ui.py)."""
+    from flows.env import data_dir
+    from flows.ui import run_ui
+
+    return run_ui(data_dir(args.data_dir), host=args.host, port=args.port, tracking_uri=args.tracking_uri)
 
 
 def _load(args, algorithm: str | None):
@@ -311,27 +325,6 @@ def _tiny(args) -> int:
     return 0
 
 
-WATCHDOG = """
-import os, signal, sys, time
-parent, child = int(sys.argv[1]), int(sys.argv[2])
-while True:
-    try:
-        os.kill(parent, 0)
-    except ProcessLookupError:
-        break
-    time.sleep(1)
-try:
-    os.kill(child, signal.SIGTERM)
-except ProcessLookupError:
-    pass
-"""
-
-
-def _reap_with_parent(pid: int) -> None:
-    """Stop process `pid` (Prefect's ephemeral server) once this process is gone, also after a `kill -9`
-    (Prefect stops it on a normal exit; a killed CLI used to leave it running)."""
-    subprocess.Popen([sys.executable, "-c", WATCHDOG, str(os.getpid()), str(pid)], start_new_session=True,
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _boot_ephemeral_server():
@@ -347,6 +340,8 @@ def _boot_ephemeral_server():
         return lambda: None
     from prefect.server.api.server import SubprocessASGIServer
 
+    from flows.reaper import reap_with_parent
+
     errors: list[BaseException] = []
 
     def boot() -> None:
@@ -354,7 +349,7 @@ def _boot_ephemeral_server():
             server = SubprocessASGIServer()
             server.start()
             if server.server_process is not None:
-                _reap_with_parent(server.server_process.pid)
+                reap_with_parent(server.server_process.pid)
         except BaseException as err:  # surfaced by the waiter below
             errors.append(err)
 
@@ -417,6 +412,13 @@ def _run(args) -> int:
     except PreflightError as err:
         print(f"coopflow: {err}", file=sys.stderr)
         return 2
+    if cfg.tracking.enabled:
+        from flows.tracking import schema_problem, tracking_uri
+
+        problem = schema_problem(tracking_uri(cfg))
+        if problem:
+            print(f"coopflow: {problem}", file=sys.stderr)
+            return 2
     import shutil
 
     from stages.loops.budget import human_bytes

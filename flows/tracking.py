@@ -74,6 +74,42 @@ def _prepare_sqlite(db: Path, data: Path) -> None:
     create_from_template(db, cache / f"mlflow-{mlflow.__version__}-empty.db", _empty_db, point_default_here)
 
 
+def schema_problem(uri: str) -> str | None:
+    """Why this MLflow (the installed version) cannot open the SQLite tracking store `uri` (None: it can,
+    or `uri` is not a SQLite file, or the file does not exist yet: the server then creates it)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    db = Path(uri.removeprefix("sqlite:///"))
+    if not db.is_file():
+        return None
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        row = con.execute("SELECT version_num FROM alembic_version").fetchone()
+    except sqlite3.DatabaseError:
+        return None  # no MLflow tables yet: the server initialises them
+    finally:
+        con.close()
+    if row is None:
+        return None
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config, _get_latest_schema_revision
+
+    found, head = row[0], _get_latest_schema_revision()
+    if found == head:
+        return None
+    import mlflow
+
+    known = {s.revision for s in ScriptDirectory.from_config(_get_alembic_config(uri)).walk_revisions()}
+    if found in known:
+        return (f"{db} has an older MLflow schema ({found}) than mlflow {mlflow.__version__} ({head}); back it up, "
+                f"then upgrade it with: mlflow db upgrade {uri}")
+    return (f"{db} was written by a newer MLflow than the installed mlflow {mlflow.__version__} (schema revision "
+            f"{found} is unknown to it), e.g. by mlflow-skinny 3.18 before coopflow pinned 3.17.2; open it with "
+            f"the full mlflow of the version that wrote it, or log new runs into a fresh data dir")
+
+
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     """{'a': {'b': 1}} -> {'a.b': 1}."""
     out = {}
@@ -93,6 +129,10 @@ def owner_tags() -> dict[str, str]:
     return {"coopflow.host": socket.gethostname(), "coopflow.pid": str(os.getpid())}
 
 
+class TrackingStoreError(RuntimeError):
+    """The MLflow tracking store cannot be opened by the installed MLflow (e.g. a newer schema)."""
+
+
 class Tracker:
     """A thin MLflow client wrapper; a disabled tracker accepts every call and does nothing."""
 
@@ -107,6 +147,9 @@ class Tracker:
             return
         from mlflow.tracking import MlflowClient
 
+        problem = schema_problem(tracking_uri) if tracking_uri else None
+        if problem:  # (MLflow's own error names neither the file nor what to do)
+            raise TrackingStoreError(problem)
         self.client = MlflowClient(tracking_uri=tracking_uri)
         exp = self.client.get_experiment_by_name(experiment)
         self.experiment_id = (exp.experiment_id if exp
