@@ -73,29 +73,23 @@ def test_rollout_stage_rows_are_the_same_with_either_backend(tiny_model_dir):
     assert auto == hf
 
 
-def test_bf16_decode_computes_what_a_bf16_copy_of_the_model_computes(tiny_model_dir):
-    """`agents.decode_dtype: bfloat16` on float32 weights == decoding a bfloat16 copy of the model (every weight,
-    norm and the KV cache cast, statistics in float32), and close to float32: greedy tokens mostly agree."""
-    import copy
-
+def test_bf16_matmuls_on_float32_weights_stay_close_to_float32(tiny_model_dir):
+    """`agents.decode_dtype: bfloat16`: only the projection matmuls run in bf16 (norms, rotary, KV cache, attention
+    stay float32): the weights are untouched, greedy continuations agree with float32, sampled ones mostly, and
+    compute_dtype=float32 is the float32 path exactly."""
     model, tok = load_agent(tiny_model_dir)
     model.eval()
-    half = copy.deepcopy(model).to(torch.bfloat16)
-    rope = half.model.rotary_emb  # (.to() also rounds the rotary frequencies; the cast loop keeps them float32)
-    for name, buf in model.model.rotary_emb.named_buffers():
-        setattr(rope, name, buf.clone())
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
-    ids, am = enc.input_ids.repeat_interleave(3, 0), enc.attention_mask.repeat_interleave(3, 0)
-    torch.manual_seed(5)
-    cast = FD.sample(model, ids, am, 16, 0.8, 50, 0.95, tok.eos_token_id, tok.pad_token_id,
-                     compute_dtype=torch.bfloat16)
-    torch.manual_seed(5)
-    native = FD.sample(half, ids, am, 16, 0.8, 50, 0.95, tok.eos_token_id, tok.pad_token_id)
-    assert torch.equal(cast, native)
-    assert next(model.parameters()).dtype == torch.float32  # the trained weights are untouched
-    g32 = FD.sample(model, ids[::3], am[::3], 8, 1.0, 1, 1.0, None, tok.pad_token_id)
-    g16 = FD.sample(model, ids[::3], am[::3], 8, 1.0, 1, 1.0, None, tok.pad_token_id, compute_dtype=torch.bfloat16)
-    assert (g32 == g16).float().mean() >= 0.5
+    ids, am = enc.input_ids, enc.attention_mask
+    g32 = FD.sample(model, ids, am, 8, 1.0, 1, 1.0, None, tok.pad_token_id)
+    g16 = FD.sample(model, ids, am, 8, 1.0, 1, 1.0, None, tok.pad_token_id, compute_dtype=torch.bfloat16)
+    assert (g32 == g16).float().mean() >= 0.75
+    assert next(model.parameters()).dtype == torch.float32
+    torch.manual_seed(4)
+    a = FD.sample(model, ids, am, 12, 0.8, 50, 0.95, tok.eos_token_id, tok.pad_token_id, compute_dtype=torch.float32)
+    torch.manual_seed(4)
+    b = FD.sample(model, ids, am, 12, 0.8, 50, 0.95, tok.eos_token_id, tok.pad_token_id)
+    assert torch.equal(a, b)
 
 
 def test_decode_dtype_setting_resolves_per_machine_and_keys_stay(monkeypatch, tmp_path):

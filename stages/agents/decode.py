@@ -67,9 +67,9 @@ def resolve_decode_dtype(setting: str, device: str) -> str:
 
 # --- weights -------------------------------------------------------------------------------------
 
-def _layer_weights(layer, dt: torch.dtype):
-    """Fused projection weights of one decoder layer in the compute dtype `dt` (rebuilt per call: the policy
-    changes between calls)."""
+def _layer_weights(layer, dt: torch.dtype, wide: torch.dtype):
+    """Fused projection weights of one decoder layer in the compute dtype `dt`, its norms in `wide` (rebuilt per
+    call: the policy changes between calls)."""
     a, m = layer.self_attn, layer.mlp
 
     def bias(lin):
@@ -83,7 +83,7 @@ def _layer_weights(layer, dt: torch.dtype):
     qkv_b = None
     if a.q_proj.bias is not None or a.k_proj.bias is not None:
         qkv_b = torch.cat([bias(a.q_proj), bias(a.k_proj), bias(a.v_proj)]).to(dt)
-    return dict(ln1=_norm(layer.input_layernorm, dt), ln2=_norm(layer.post_attention_layernorm, dt), qkv_w=qkv_w,
+    return dict(ln1=_norm(layer.input_layernorm, wide), ln2=_norm(layer.post_attention_layernorm, wide), qkv_w=qkv_w,
                 qkv_b=qkv_b, o_w=cast(a.o_proj.weight), o_b=cast(a.o_proj.bias),
                 gu_w=torch.cat([m.gate_proj.weight, m.up_proj.weight]).to(dt), d_w=cast(m.down_proj.weight),
                 inter=m.gate_proj.out_features)
@@ -135,23 +135,26 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
 
     input_ids, attention_mask: [B, P]. Returns [B, T] new tokens (T ≤ max_new_tokens), pad after EOS.
     `on_step(t)` is called after the t-th token of every sequence (a heartbeat; one call per step, not per row).
-    `compute_dtype`: the dtype of the matmuls and the KV cache (e.g. bfloat16 on CPUs with AVX512-BF16/AMX:
-    half the bytes read per decoded token); None = the model's own. RMSNorm statistics and the sampling
-    warpers stay in float32.
+    `compute_dtype`: the dtype of the projection matmuls (e.g. bfloat16 on CPUs with AVX512-BF16/AMX: half the
+    weight bytes read per decoded token); None = the model's own. Everything else (residual stream, norms,
+    rotary, KV cache, attention, sampling warpers) stays in the weights' dtype.
     """
     cfg, inner = model.config, model.model
     B, P = input_ids.shape
     T = max_new_tokens
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
-    dt = compute_dtype or inner.embed_tokens.weight.dtype
-    layers = [_layer_weights(layer, dt) for layer in inner.layers]
-    emb = inner.embed_tokens.weight.to(dt)
-    lm_w = emb if model.lm_head.weight is inner.embed_tokens.weight else model.lm_head.weight.to(dt)
+    # matmuls in `dt`; the residual stream, norms, rotary tables, KV cache and attention in the weights' own
+    # dtype `wide` (float32 weights + bf16 compute: only the weight reads shrink, which is what decoding waits on)
+    wide = inner.embed_tokens.weight.dtype
+    dt = compute_dtype or wide
+    layers = [_layer_weights(layer, dt, wide) for layer in inner.layers]
+    emb = inner.embed_tokens.weight
+    lm_w = model.lm_head.weight.to(dt)
     lm_b = getattr(model.lm_head, "bias", None)
     lm_b = lm_b.to(dt) if lm_b is not None else None
     dev = emb.device
-    final_norm = _norm(inner.norm, dt)
+    final_norm = _norm(inner.norm, wide)
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
     L = P + T
 
@@ -160,12 +163,12 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     last = pos[:, -1:]
     pos_all = torch.cat([pos, last + torch.arange(1, T + 1, device=dev)], dim=1)  # [B, L]
     cos, sin = inner.rotary_emb(emb[:1].unsqueeze(0), pos_all)  # [B, L, hd]
-    cos, sin = cos.unsqueeze(1).to(dt), sin.unsqueeze(1).to(dt)  # [B, 1, L, hd]
+    cos, sin = cos.unsqueeze(1).to(wide), sin.unsqueeze(1).to(wide)  # [B, 1, L, hd]
 
     # key mask over cache slots: prompt pads are never attended to
     key_ok = torch.ones(B, L, dtype=torch.bool, device=dev)
     key_ok[:, :P] = attention_mask.bool()
-    kc = torch.zeros(len(layers), B, n_kv, L, hd, dtype=dt, device=dev)
+    kc = torch.zeros(len(layers), B, n_kv, L, hd, dtype=wide, device=dev)
     vc = torch.zeros_like(kc)
     q_size, kv_size = n_heads * hd, n_kv * hd
     gqa = n_heads != n_kv
@@ -174,8 +177,8 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
         """x: [B, n, H] hidden states at cache slots start..start+n-1 → last-position logits [B, V]."""
         c, s = cos[:, :, start:start + n], sin[:, :, start:start + n]
         for li, w in enumerate(layers):
-            h = _rms(w["ln1"], x)
-            qkv = F.linear(h, w["qkv_w"], w["qkv_b"])
+            h = _rms(w["ln1"], x).to(dt)
+            qkv = F.linear(h, w["qkv_w"], w["qkv_b"]).to(wide)
             q = qkv[..., :q_size].view(B, n, n_heads, hd).transpose(1, 2)
             k = qkv[..., q_size:q_size + kv_size].view(B, n, n_kv, hd).transpose(1, 2)
             v = qkv[..., q_size + kv_size:].view(B, n, n_kv, hd).transpose(1, 2)
@@ -185,10 +188,10 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
             end = start + n
             a = F.scaled_dot_product_attention(q, kc[li, :, :, :end], vc[li, :, :, :end], attn_mask=mask,
                                                enable_gqa=gqa)
-            x = x + F.linear(a.transpose(1, 2).reshape(B, n, q_size), w["o_w"], w["o_b"])
-            gu = F.linear(_rms(w["ln2"], x), w["gu_w"])
-            x = x + F.linear(F.silu(gu[..., :w["inter"]]) * gu[..., w["inter"]:], w["d_w"])
-        return F.linear(_rms(final_norm, x[:, -1]), lm_w, lm_b)
+            x = x + F.linear(a.transpose(1, 2).reshape(B, n, q_size).to(dt), w["o_w"], w["o_b"]).to(wide)
+            gu = F.linear(_rms(w["ln2"], x).to(dt), w["gu_w"])
+            x = x + F.linear(F.silu(gu[..., :w["inter"]]) * gu[..., w["inter"]:], w["d_w"]).to(wide)
+        return F.linear(_rms(final_norm, x[:, -1]).to(dt), lm_w, lm_b)
 
     # --- prefill: causal over the prompt, pads masked (a fully padded query row attends to itself)
     causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
