@@ -6,7 +6,7 @@
 Each lever is timed against its baseline in the same process, interleaved (baseline, lever, baseline, ...),
 so machine drift cancels; the printed ratio is baseline / lever (> 1: the lever wins). Levers:
 
-- decode_bf16: the KV-cache decode loop with bfloat16 matmuls and cache (`agents.decode_dtype`) vs the
+- decode_bf16: the KV-cache decode loop with bfloat16 matmuls and cache (`agents.compute_dtype`) vs the
   weights' float32; numerics: greedy tokens agree, and per-token log-prob difference of the prefill logits.
 - loss_bf16: the policy-gradient loss forward + backward under CPU autocast bfloat16 vs float32.
 - adamw_fused: fused AdamW step vs the for-each implementation.

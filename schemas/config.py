@@ -134,11 +134,12 @@ class AgentsConfig(_Strict):
         "auto", description="How agents sample: 'auto' = coopflow's KV-cache loop for Llama-family models "
                             "(Qwen2/Llama/Mistral; same tokens as generate for the same seed), else "
                             "transformers' generate; 'hf' = always generate.")
-    decode_dtype: Literal["model", "bfloat16", "float16", "auto"] = Field(
-        "model", description="Dtype of the KV-cache decode loop's matmuls and cache (training stays in the weights' "
-                             "dtype): model = the weights' own; bfloat16 halves the bytes read per token (fast on "
-                             "CPUs with AVX512-BF16/AMX and on GPUs); auto = bfloat16 where the device has native "
-                             "bf16 matmuls, else model. Changes the samples slightly (a new cache key).")
+    compute_dtype: Literal["model", "bfloat16", "float16", "auto"] = Field(
+        "model", description="Dtype of the matmuls (weights and optimizer state stay in agents.dtype): the decode "
+                             "loop's projections and the policy/DPO/actor loss forward (autocast). model = the "
+                             "weights' own; bfloat16 = half the bytes per decoded token and faster loss passes on "
+                             "CPUs with AVX512-BF16/AMX and on GPUs; auto = bfloat16 where the device has native "
+                             "bf16 matmuls, else model. Changes samples and updates slightly (new cache keys).")
     prompt_overflow: Literal["error", "truncate"] = Field(
         "error", description="A prompt that leaves no room for max_new_tokens in the model's context: error (naming "
                              "it) | truncate (keep its last tokens, with a warning).")

@@ -74,7 +74,7 @@ def test_rollout_stage_rows_are_the_same_with_either_backend(tiny_model_dir):
 
 
 def test_bf16_matmuls_on_float32_weights_stay_close_to_float32(tiny_model_dir):
-    """`agents.decode_dtype: bfloat16`: only the projection matmuls run in bf16 (norms, rotary, KV cache, attention
+    """`agents.compute_dtype: bfloat16`: only the projection matmuls run in bf16 (norms, rotary, KV cache, attention
     stay float32): the weights are untouched, greedy continuations agree with float32, sampled ones mostly, and
     compute_dtype=float32 is the float32 path exactly."""
     model, tok = load_agent(tiny_model_dir)
@@ -92,15 +92,15 @@ def test_bf16_matmuls_on_float32_weights_stay_close_to_float32(tiny_model_dir):
     assert torch.equal(a, b)
 
 
-def test_decode_dtype_setting_resolves_per_machine_and_keys_stay(monkeypatch, tmp_path):
+def test_compute_dtype_setting_resolves_per_machine_and_keys_stay(monkeypatch, tmp_path):
     from schemas.config import validate_config
     from tests.conftest import small_config
 
     base = SamplingConfig.of(validate_config(small_config(tmp_path)), 2)
-    assert base.decode_dtype == "model" and "decode_dtype" not in base.identity()  # older keys stay valid
+    assert base.compute_dtype == "model" and "compute_dtype" not in base.identity()  # older keys stay valid
     monkeypatch.setattr(FD, "native_bf16", lambda device="cpu": True)
     auto = SamplingConfig.of(validate_config(small_config(tmp_path, agents={"agent_model": "tiny", "num_agents": 2,
-                                                                              "decode_dtype": "auto"})), 2)
-    assert auto.decode_dtype == "bfloat16" and auto.identity()["decode_dtype"] == "bfloat16"
+                                                                              "compute_dtype": "auto"})), 2)
+    assert auto.compute_dtype == "bfloat16" and auto.identity()["compute_dtype"] == "bfloat16"
     monkeypatch.setattr(FD, "native_bf16", lambda device="cpu": False)
-    assert FD.resolve_decode_dtype("auto", "cpu") == "model" and FD.resolve_decode_dtype("bfloat16", "cpu") == "bfloat16"
+    assert FD.resolve_compute_dtype("auto", "cpu") == "model" and FD.resolve_compute_dtype("bfloat16", "cpu") == "bfloat16"

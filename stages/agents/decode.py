@@ -58,8 +58,8 @@ def native_bf16(device: str = "cpu") -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def resolve_decode_dtype(setting: str, device: str) -> str:
-    """`agents.decode_dtype` with 'auto' resolved for this machine: 'bfloat16' where native, else 'model'."""
+def resolve_compute_dtype(setting: str, device: str) -> str:
+    """`agents.compute_dtype` with 'auto' resolved for this machine: 'bfloat16' where native, else 'model'."""
     if setting == "auto":
         return "bfloat16" if native_bf16(device) else "model"
     return setting

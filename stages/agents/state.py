@@ -8,6 +8,7 @@ the ops here, one agent after the other; `stages.agents.workers.WorkerPolicies` 
 process per agent (the op is pickled by reference, so the worker imports the module that defines it).
 """
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -30,6 +31,14 @@ class AgentState:
     trainable: list | None = None  # LoRA: the parameters this agent trains (its adapter's); None = requires_grad
     activate: Callable[[], None] | None = None  # LoRA: make this agent's adapter the active one
     base_source: str | None = None  # LoRA: the shared base model's source
+    compute_dtype: str | None = None  # agents.compute_dtype (resolved): the loss passes' autocast dtype; None = off
+
+    def autocast(self):
+        """The loss forward's autocast context (`compute_dtype`), or a no-op."""
+        if self.compute_dtype in (None, "model"):
+            return contextlib.nullcontext()
+        device = next(self.model.parameters()).device.type
+        return torch.autocast(device, dtype=getattr(torch, self.compute_dtype))
 
     def ensure_optimizer(self):
         """Per-agent AdamW (the reference's optimizer; fused kernels where torch has them)."""
@@ -115,6 +124,11 @@ class Policies:
 
     def close(self) -> None:
         """Release resources (nothing to do in-process)."""
+
+
+def set_compute_dtype(agent: AgentState, name: str | None) -> None:
+    """Per-agent op: the dtype its loss passes autocast to (a run setting, wherever the agent lives)."""
+    agent.compute_dtype = None if name in (None, "model") else name
 
 
 def _only(agent, go: bool, op: Callable, *args):

@@ -19,6 +19,7 @@ from pathlib import Path
 from artifacts import ArtifactRef, ArtifactStore, key_for
 from schemas.config import FormatterConfig, RunConfig, is_local_model_path, missing_model_dir_message
 from stages.agents.catalog import install, is_catalog_name
+from stages.agents.decode import resolve_compute_dtype
 from stages.agents.models import build_tiny_model
 from stages.loops import budget
 from stages.loops.keys import segment_end_keys
@@ -139,6 +140,9 @@ def resolve_sources(cfg: RunConfig, store: ArtifactStore) -> tuple[list[str], di
     """Agent sources as loadable paths/ids, and their identity for keys ('tiny' is built into the store)."""
     paths, ident = resolve_model_sources(cfg.actor_sources(), cfg, store, "agents")
     ident = {"sources": ident, "dtype": cfg.agents.dtype}
+    compute = resolve_compute_dtype(cfg.agents.compute_dtype, cfg.agents.device)
+    if compute != "model":  # (absent otherwise: keys stay as they were) bf16 matmuls make other samples and updates
+        ident["compute_dtype"] = compute
     if cfg.agents.lora is not None:  # (absent otherwise: full fine-tuning keys stay as they were)
         ident["lora"] = cfg.agents.lora.model_dump(mode="json")
     return paths, ident

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from artifacts import ArtifactRef
 from stages.agents.checkpoint import CheckpointLayout, find_checkpoint, is_weights_only, policy_key_of
 from stages.agents.models import load_critic, load_policies, save_checkpoint
+from stages.agents.state import set_compute_dtype
 from stages.agents.workers import WorkerPolicies, agent_devices
 from stages.common.progress import bar_safe_logging
 from stages.common.seeds import derive_seed
@@ -92,6 +93,7 @@ def _open_policies(ctx: RunContext, sources: list, optimizer_files: list | None,
     else:
         pol = load_policies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, a.device, optimizer_files,
                             refs, rdev, specs)
+    pol.run(set_compute_dtype, [(ctx.sampling.compute_dtype,)] * pol.n)
     if ctx.cfg.algorithm == "maac":
         src = str(checkpoint.central_critic) if checkpoint is not None else ctx.critic_paths[0]
         cdev = agent_devices(t.critic_devices, 1, devices[0])[0]
@@ -123,6 +125,7 @@ def acquire_policies(ctx: RunContext, start: ArtifactRef | None, start_key: str)
         # the caller's live agents, which hold the weights of exactly these sources
         pol = ctx.session.initial
         pol.state = {"update": 0, "env_step": 0, "last_logged": None}
+        pol.run(set_compute_dtype, [(ctx.sampling.compute_dtype,)] * pol.n)
         return pol
     if start is None:
         return _open_policies(ctx, ctx.sources, None, {"update": 0, "env_step": 0, "last_logged": None})

@@ -75,7 +75,8 @@ def update_actor(agent: AgentState, samples: list[dict], batch_size: int, seed: 
             prompts, comps = [s["prompt_ids"] for s in mb], [s["completion_ids"] for s in mb]
             opt.zero_grad(set_to_none=True)
             if agent.value_head is not None:  # shared head: one forward, one loss
-                values, logp = forward_values(model, agent.value_head, prompts, comps, pad, critic_type, True)
+                with agent.autocast():
+                    values, logp = forward_values(model, agent.value_head, prompts, comps, pad, critic_type, True)
                 old = torch.tensor([s["old_value"] for s in mb], dtype=values.dtype, device=values.device)
                 policy = -(logp * adv.to(logp.device)).mean()
                 value = value_error(values, y.to(values.device), old, value_clip).mean()
@@ -85,7 +86,8 @@ def update_actor(agent: AgentState, samples: list[dict], batch_size: int, seed: 
                 vl += value.item()
                 vp += values.mean().item()
             else:
-                logp = sequence_logprobs(model, prompts, comps, pad)
+                with agent.autocast():
+                    logp = sequence_logprobs(model, prompts, comps, pad)
                 policy = -(logp * adv.to(logp.device)).mean()
                 _check("policy loss", policy, index)
                 policy.backward()

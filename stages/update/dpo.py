@@ -53,7 +53,8 @@ def dpo_step(agent: AgentState, pairs: list[dict], others: list[float], beta: fl
     agent.model.train()
     try:
         opt.zero_grad(set_to_none=True)
-        own = _deltas(agent, pairs)
+        with agent.autocast():
+            own = _deltas(agent, pairs)
         loss = dpo_loss(own, torch.tensor(others, dtype=own.dtype, device=own.device), beta)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"non-finite DPO loss for agent {index}; lower agent_learning_rate or dpo_beta")

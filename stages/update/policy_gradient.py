@@ -74,7 +74,8 @@ def update_agent(agent: AgentState, rollouts: list[dict], adv: dict[tuple, float
             for b in range(0, len(samples), batch_size):
                 mb = samples[b:b + batch_size]
                 opt.zero_grad(set_to_none=True)
-                loss, ntok = policy_loss(model, mb, tok.pad_token_id, pad_tail)
+                with agent.autocast():  # (agents.compute_dtype; the backward follows the forward's dtypes)
+                    loss, ntok = policy_loss(model, mb, tok.pad_token_id, pad_tail)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"non-finite policy loss ({loss.item()}) for agent {index} at update "
                                              f"{step}, turn {turn + 1}; lower agent_learning_rate or check rewards")

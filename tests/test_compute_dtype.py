@@ -1,0 +1,61 @@
+"""`agents.compute_dtype` (issue 23): bf16 matmuls for decoding and the loss passes on float32 weights — the
+setting reaches every agent wherever it lives, enters the keys only when set, and the bf16 loss stays close to
+the float32 one (a numerics check, not a speed test: speed is in bench/bench_levers.py)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from schemas.config import validate_config
+from stages.agents import decode as FD
+from stages.loops.run import run_direct
+from tests.conftest import small_config
+
+BF16 = {"agent_model": "tiny", "num_agents": 2, "compute_dtype": "bfloat16"}
+
+
+def _weights(ckpt: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return {f"{a.name}.{k}": v for a in sorted(ckpt.glob("agent_*")) for k, v in load_file(a / "model.safetensors").items()}
+
+
+def test_bf16_loss_is_close_to_float32_and_leaves_weights_float32(tiny_model_dir):
+    from stages.agents.models import load_agent_state
+    from stages.agents.state import set_compute_dtype
+    from stages.update.policy_gradient import policy_loss
+
+    agent = load_agent_state(tiny_model_dir, 1e-3)
+    tok = agent.tokenizer
+    node = [{"prompt_ids": tok("the moon is")["input_ids"], "completion_ids": tok(" a big red star .")["input_ids"],
+             "advantage": a} for a in (1.0, -0.5)]
+    loss32, _ = policy_loss(agent.model, [node], tok.pad_token_id)
+    set_compute_dtype(agent, "bfloat16")
+    with agent.autocast():
+        loss16, _ = policy_loss(agent.model, [node], tok.pad_token_id)
+    loss16.backward()
+    assert loss16.dtype == torch.float32 and abs(loss16.item() - loss32.item()) <= 0.02 * abs(loss32.item()) + 1e-3
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in agent.model.parameters())
+    set_compute_dtype(agent, "model")
+    assert not isinstance(agent.autocast(), torch.autocast)
+
+
+def test_the_setting_reaches_worker_processes_and_enters_the_keys(tmp_path, pinned_threads):
+    local = run_direct(validate_config(small_config(tmp_path / "local", agents=BF16)))
+    mp = run_direct(validate_config(small_config(tmp_path / "mp", agents=BF16, trainer={
+        **small_config(tmp_path)["trainer"], "parallel_training": "mp", "agent_devices": ["cpu", "cpu"]})))
+    assert Path(mp["checkpoint"]).name == Path(local["checkpoint"]).name
+    wl, wm = _weights(Path(local["checkpoint"])), _weights(Path(mp["checkpoint"]))
+    assert all(torch.allclose(wl[k], wm[k], atol=1e-6) for k in wl)
+    plain = run_direct(validate_config(small_config(tmp_path / "plain")))
+    assert Path(plain["checkpoint"]).name != Path(local["checkpoint"]).name  # bf16 runs never reuse float32 work
+    assert not all(torch.equal(wl[k], v) for k, v in _weights(Path(plain["checkpoint"])).items())
+
+
+def test_auto_is_bf16_only_where_the_device_has_native_bf16(monkeypatch):
+    monkeypatch.setattr(FD, "native_bf16", lambda device="cpu": False)
+    assert FD.resolve_compute_dtype("auto", "cpu") == "model"
+    monkeypatch.setattr(FD, "native_bf16", lambda device="cpu": True)
+    assert FD.resolve_compute_dtype("auto", "cpu") == "bfloat16"
+    assert FD.resolve_compute_dtype("float16", "cpu") == "float16"
