@@ -195,7 +195,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rbs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each side (mp: per worker)")
-    ap.add_argument("--modes", nargs="+", default=["seq", "mp", "seq-bf16", "mp-bf16"])
+    ap.add_argument("--modes", nargs="*", default=["seq", "mp", "seq-bf16", "mp-bf16"],
+                    help="coopflow modes (none: the peer only)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--quiet-wait", type=float, default=120)

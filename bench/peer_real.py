@@ -1,7 +1,7 @@
 """Peer side of bench/bench_real.py: CoMLRL 1.4.3's MAGRPOTrainer on a real model, with a time split.
 
-Run in the peer venv with PYTHONPATH unset (the rewards and role prompts are loaded from coopflow's files, so
-nothing else of coopflow is imported):
+Run in the peer venv (the HumanEval reward and role prompts come from coopflow's coding module, which imports
+only the standard library and coopflow's sandbox; the story reward is computed here):
 
     python bench/peer_real.py TASK MODEL_DIR ITEMS_JSON K TOKENS RBS THREADS
 
@@ -12,7 +12,6 @@ loss_forward (model forwards inside the loss), loss_other (rest of the loss: per
 advantages), backward, optimizer, reward, other.
 """
 import functools
-import importlib.util
 import json
 import os
 import sys
@@ -26,13 +25,6 @@ import torch  # noqa: E402
 from comlrl.trainers.reinforce.magrpo import MAGRPOConfig, MAGRPOTrainer  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
-
-
-def _load(name: str, rel: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / rel)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 task, model_dir, items_file = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -68,7 +60,8 @@ def chat(text: str) -> str:  # what coopflow's formatter with chat_template: tru
 
 seen: list[float] = []
 if task == "humaneval":
-    coding = _load("coding_env", "stages/tasks/envs/coding.py")
+    sys.path.insert(0, str(REPO))
+    from stages.tasks.envs import coding
 
     @functools.partial(timed, "reward")
     def reward(*completions, batch_items=None):  # varargs: CoMLRL counts defaulted positionals as completions
