@@ -64,7 +64,7 @@ class RemoteMirror:
         commit_id = uuid.uuid4().hex
         base = f"{self._dir(kind, key)}/{commit_id}"
         files = sorted(str(p.relative_to(local)) for p in local.rglob("*")
-                       if p.is_file() and p.name != "ref.json" and not p.name.startswith("."))
+                       if p.is_file() and p.relative_to(local).as_posix() not in ("ref.json", ".published"))
         try:
             for rel in files:
                 self.fs.put_file(str(local / rel), f"{base}/{rel}")

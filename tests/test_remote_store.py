@@ -40,7 +40,7 @@ def remote():
 def _put(store: ArtifactStore):
     t = store.put_table("metrics", "k1", [{"key": "loss", "value": 1.5, "env_step": 0}])
     d = store.put_dir("checkpoint", "c1", lambda p: ((p / "agent_0").mkdir(), (p / "agent_0" / "w.bin").write_bytes(
-        b"\x00\x01" * 1000), (p / "state.json").write_text("{}")))
+        b"\x00\x01" * 1000), (p / "state.json").write_text("{}"), (p / ".gitattributes").write_text("*.bin lfs")))
     return t, d
 
 
@@ -52,6 +52,7 @@ def test_a_second_store_fetches_and_verifies_what_the_first_published(tmp_path, 
     assert b.find("metrics", "k1") == t and b.find("checkpoint", "c1") == d
     assert b.read_rows(t) == a.read_rows(t)
     assert (b.open_dir(d) / "agent_0" / "w.bin").read_bytes() == b"\x00\x01" * 1000
+    assert (b.open_dir(d) / ".gitattributes").read_text() == "*.bin lfs"  # hidden files are artifact files too
     assert b.verify_all() == (2, [])
     # a ref handed over from another machine (never looked up here) is fetched on first read
     c = ArtifactStore(tmp_path / "c", remote)
