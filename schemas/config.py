@@ -449,6 +449,11 @@ class MAGRPOConfig(_TrainerBase):
         True, description="The reference's exact loss: each completion padded to its node's longest with pad tokens, "
                           "pads scored, each padded row's last token not (CoMLRL 1.4.3); false: every completion "
                           "token up to EOS is scored and pads never are.")
+    loss_chunk_tokens: int | None = Field(
+        None, ge=1, description="Cap a loss forward at this many padded tokens (rows × longest): the minibatch runs "
+                                "as length-sorted chunks whose gradients add up before its one AdamW step, so peak "
+                                "activation memory follows the chunk (and sorted chunks pad less); null = the whole "
+                                "minibatch in one forward.")
     collaboration_mode: str = Field(
         "decentralized", description="decentralized: one policy per agent | centralized: one joint actor writes "
                                      "every role's output in one completion, split by the run's centralized_adapter "

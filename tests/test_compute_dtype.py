@@ -1,6 +1,7 @@
-"""`agents.compute_dtype` (issue 23): bf16 matmuls for decoding and the loss passes on float32 weights — the
+"""Speed settings of issue 23. `agents.compute_dtype`: bf16 matmuls for decoding and the loss passes on float32 weights — the
 setting reaches every agent wherever it lives, enters the keys only when set, and the bf16 loss stays close to
-the float32 one (a numerics check, not a speed test: speed is in bench/bench_levers.py)."""
+the float32 one (a numerics check, not a speed test: speed is in bench/bench_levers.py).
+`trainer.loss_chunk_tokens`: the loss in length-sorted chunks trains the one-pass weights."""
 
 from pathlib import Path
 
@@ -59,3 +60,26 @@ def test_auto_is_bf16_only_where_the_device_has_native_bf16(monkeypatch):
     monkeypatch.setattr(FD, "native_bf16", lambda device="cpu": True)
     assert FD.resolve_compute_dtype("auto", "cpu") == "bfloat16"
     assert FD.resolve_compute_dtype("float16", "cpu") == "float16"
+
+
+def test_chunk_rows_cover_every_row_within_the_token_cap():
+    from stages.update.policy_gradient import chunk_rows
+
+    rows = [([1] * p, [2] * c, 1.0, 0.1) for p, c in [(5, 3), (2, 1), (9, 9), (4, 4), (30, 10), (3, 3)]]
+    chunks = chunk_rows(rows, 20)
+    assert sorted(map(id, (r for ch in chunks for r in ch))) == sorted(map(id, rows))  # every row, once
+    for ch in chunks:
+        longest = max(len(r[0]) + len(r[1]) for r in ch)
+        assert longest * len(ch) <= 20 or len(ch) == 1  # a row longer than the cap goes alone
+    assert chunk_rows(rows, None) == [rows]
+
+
+def test_chunked_loss_passes_train_the_same_weights(tmp_path, pinned_threads):
+    """trainer.loss_chunk_tokens: the minibatch's loss as several forward/backward passes whose gradients add up
+    gives the one-pass weights (up to float summation order), under its own keys."""
+    whole = run_direct(validate_config(small_config(tmp_path / "whole")))
+    chunked = run_direct(validate_config(small_config(tmp_path / "chunked", trainer={
+        **small_config(tmp_path)["trainer"], "loss_chunk_tokens": 24})))
+    assert Path(chunked["checkpoint"]).name != Path(whole["checkpoint"]).name
+    ww, wc = _weights(Path(whole["checkpoint"])), _weights(Path(chunked["checkpoint"]))
+    assert all(torch.allclose(ww[k], wc[k], atol=1e-6) for k in ww)

@@ -68,6 +68,8 @@ def update_keys(ctx: "RunContext", policy_key: str, u: Update) -> UpdateKeys:
     spec = {"prev": policy_key, "advantages": ak, "lr": t.agent_learning_rate, "batch": t.batch_size, "seed": cfg.seed}
     if t.loss_on_padding and ctx.adapter is None:  # the reference's exact loss (pads scored, each row's last token not)
         spec["loss"] = "comlrl-1.4.3"
+    if getattr(t, "loss_chunk_tokens", None):  # (absent otherwise: keys stay as they were) other float sums, other weights
+        spec["chunk_tokens"] = t.loss_chunk_tokens
     return UpdateKeys(rk, ak, key_for("policy", spec))
 
 

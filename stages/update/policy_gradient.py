@@ -36,33 +36,63 @@ def _node_samples(rollouts: list[dict], adv: dict[tuple, float], agent: int) -> 
     return by_turn
 
 
-def policy_loss(model, samples: list[list[dict]], pad_id: int, pad_tail: bool = False) -> tuple[torch.Tensor, int]:
-    """Minibatch loss (one forward over every completion of every node sample) and its token count.
+def loss_rows(samples: list[list[dict]], pad_id: int, pad_tail: bool = False) -> list[tuple]:
+    """One (prompt_ids, completion_ids, advantage, weight) per completion of a minibatch of node samples.
 
     `pad_tail` (the reference's exact loss, `loss_on_padding`, on by default): each completion is padded
     with pad tokens to the longest completion of its node, as CoMLRL's per-node `generate` returns it,
     and those pads enter the loss; the last token of every padded row is not scored (CoMLRL's logits
     slice `[P-1:-1]` of a forward over `prompt ‖ row[:-1]` holds one logit fewer than the row has tokens).
     """
-    prompts, comps, adv, weight = [], [], [], []
+    rows = []
     for node in samples:
         longest = max(len(c["completion_ids"]) for c in node)
         for c in node:
-            prompts.append(c["prompt_ids"])
             ids = list(c["completion_ids"])
-            comps.append((ids + [pad_id] * (longest - len(ids)))[:-1] if pad_tail else ids)
-            adv.append(c["advantage"])
-            weight.append(1.0 / (len(samples) * len(node)))
+            comp = (ids + [pad_id] * (longest - len(ids)))[:-1] if pad_tail else ids
+            rows.append((c["prompt_ids"], comp, c["advantage"], 1.0 / (len(samples) * len(node))))
+    return rows
+
+
+def rows_loss(model, rows: list[tuple], pad_id: int) -> torch.Tensor:
+    """-sum_i w_i A_i log π(c_i|p_i) over the rows, in one padded forward."""
     device = next(model.parameters()).device
-    logp = sequence_logprobs(model, prompts, comps, pad_id)
-    A = torch.tensor(adv, dtype=logp.dtype, device=device)
-    w = torch.tensor(weight, dtype=logp.dtype, device=device)
-    return -(w * logp * A).sum(), sum(len(c) for c in comps)
+    logp = sequence_logprobs(model, [r[0] for r in rows], [r[1] for r in rows], pad_id)
+    A = torch.tensor([r[2] for r in rows], dtype=logp.dtype, device=device)
+    w = torch.tensor([r[3] for r in rows], dtype=logp.dtype, device=device)
+    return -(w * logp * A).sum()
+
+
+def chunk_rows(rows: list[tuple], max_tokens: int | None) -> list[list[tuple]]:
+    """The rows in forward-sized chunks: all at once (None), else sorted by length and cut so that each chunk's
+    padded size (rows × its longest prompt + completion) stays within `max_tokens` (a longer row goes alone).
+    Sorting also pads less: each chunk pads to its own longest row."""
+    if not max_tokens:
+        return [rows]
+    out, cur, longest = [], [], 0
+    for r in sorted(rows, key=lambda r: len(r[0]) + len(r[1])):
+        n = len(r[0]) + len(r[1])
+        if cur and max(longest, n) * (len(cur) + 1) > max_tokens:
+            out.append(cur)
+            cur, longest = [], 0
+        cur.append(r)
+        longest = max(longest, n)
+    return out + ([cur] if cur else [])
+
+
+def policy_loss(model, samples: list[list[dict]], pad_id: int, pad_tail: bool = False) -> tuple[torch.Tensor, int]:
+    """Minibatch loss (one forward over every completion of every node sample) and its token count."""
+    rows = loss_rows(samples, pad_id, pad_tail)
+    return rows_loss(model, rows, pad_id), sum(len(r[1]) for r in rows)
 
 
 def update_agent(agent: AgentState, rollouts: list[dict], adv: dict[tuple, float], batch_size: int, seed: int,
-                 step: int, index: int, pad_tail: bool = False) -> dict[str, float]:
-    """One agent's update over its node samples of one buffer (runs wherever the agent lives)."""
+                 step: int, index: int, pad_tail: bool = False, chunk_tokens: int | None = None) -> dict[str, float]:
+    """One agent's update over its node samples of one buffer (runs wherever the agent lives).
+
+    `chunk_tokens` (trainer.loss_chunk_tokens): a minibatch's loss is a sum over its completions, so it can run
+    as several forward/backward passes whose gradients add up (one AdamW step per minibatch either way): peak
+    activation memory follows the chunk, not the minibatch."""
     model, tok = agent.model, agent.tokenizer
     opt = agent.ensure_optimizer()
     rng = random.Random(derive_seed(seed, step, index, "shuffle"))
@@ -72,31 +102,34 @@ def update_agent(agent: AgentState, rollouts: list[dict], adv: dict[tuple, float
         for turn, samples in sorted(_node_samples(rollouts, adv, index).items()):
             rng.shuffle(samples)
             for b in range(0, len(samples), batch_size):
-                mb = samples[b:b + batch_size]
+                rows = loss_rows(samples[b:b + batch_size], tok.pad_token_id, pad_tail)
                 opt.zero_grad(set_to_none=True)
-                with agent.autocast():  # (agents.compute_dtype; the backward follows the forward's dtypes)
-                    loss, ntok = policy_loss(model, mb, tok.pad_token_id, pad_tail)
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"non-finite policy loss ({loss.item()}) for agent {index} at update "
-                                             f"{step}, turn {turn + 1}; lower agent_learning_rate or check rewards")
-                loss.backward()
+                total = 0.0
+                for chunk in chunk_rows(rows, chunk_tokens):
+                    with agent.autocast():  # (agents.compute_dtype; the backward follows the forward's dtypes)
+                        loss = rows_loss(model, chunk, tok.pad_token_id)
+                    if not torch.isfinite(loss):
+                        raise FloatingPointError(f"non-finite policy loss ({loss.item()}) for agent {index} at update "
+                                                 f"{step}, turn {turn + 1}; lower agent_learning_rate or check rewards")
+                    loss.backward()
+                    total += loss.item()
                 opt.step()
-                losses.append(loss.item())
-                tokens += ntok
+                losses.append(total)
+                tokens += sum(len(r[1]) for r in rows)
     finally:
         model.eval()
     return {f"agent_{index}/policy_loss": sum(losses) / max(1, len(losses)), f"agent_{index}/train_tokens": float(tokens)}
 
 
 def update_policies(policies: PolicyGroup, rollouts: list[dict], advantage_rows: list[dict], batch_size: int,
-                    seed: int, step: int, pad_tail: bool = False) -> dict[str, float]:
+                    seed: int, step: int, pad_tail: bool = False, chunk_tokens: int | None = None) -> dict[str, float]:
     """Apply one buffer's update to every agent (in place, or in the agents' worker processes)."""
     args = []
     for i in range(policies.n):
         mine = [r for r in rollouts if r["agent"] == i]
         adv = {(a["step"], a["turn"], a["node_id"], a["agent"], a["sample"]): a["advantage"]
                for a in advantage_rows if a["agent"] == i}
-        args.append((mine, adv, batch_size, seed, step, i, pad_tail))
+        args.append((mine, adv, batch_size, seed, step, i, pad_tail, chunk_tokens))
     metrics: dict[str, float] = {}
     for m in policies.run(update_agent, args):
         metrics.update(m)
