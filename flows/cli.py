@@ -20,8 +20,9 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
+
+from flows.reaper import healthy
 
 FLOW_NAMES = ("train-magrpo", "train-magrpo-centralized", "train-mareinforce", "train-marloo", "train-maremax",
               "train-iac", "train-maac", "train-madpo",
@@ -433,7 +434,7 @@ def _run(args) -> int:
     from flows.env import configure
 
     configure(cfg.data_dir)
-    if not os.environ.get("PREFECT_API_URL") and _healthy("http://127.0.0.1:4200/api"):
+    if not os.environ.get("PREFECT_API_URL") and healthy("http://127.0.0.1:4200/api"):
         # A local server is up (e.g. from `coopflow serve`): use it instead of starting an ephemeral one.
         os.environ["PREFECT_API_URL"] = "http://127.0.0.1:4200/api"
     server_ready = _boot_ephemeral_server()
@@ -506,14 +507,6 @@ def _print_summary(s: dict) -> None:
 # --- serve ---------------------------------------------------------------------------------------
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def ensure_server(port: int = 4200, timeout: float = 180, ui: bool = True) -> str:
     """PREFECT_API_URL if set, else a local `prefect server start` (started if not already up; with its web UI
     at http://127.0.0.1:<port> unless `ui` is False)."""
@@ -521,7 +514,7 @@ def ensure_server(port: int = 4200, timeout: float = 180, ui: bool = True) -> st
     if url:
         return url
     url = f"http://127.0.0.1:{port}/api"
-    if not _healthy(url):
+    if not healthy(url):
         home = Path(os.environ["PREFECT_HOME"])
         home.mkdir(parents=True, exist_ok=True)
         log = open(home / "server.log", "ab")
@@ -530,7 +523,7 @@ def ensure_server(port: int = 4200, timeout: float = 180, ui: bool = True) -> st
                           "--port", str(port), *([] if ui else ["--no-ui"])], stdout=log, stderr=log,
                          start_new_session=True, env={**os.environ, "PREFECT_SERVER_UI_ENABLED": str(ui).lower()})
         t0 = time.time()
-        while not _healthy(url):
+        while not healthy(url):
             if time.time() - t0 > timeout:
                 raise RuntimeError(f"Prefect server did not become healthy in {timeout:.0f} s; see {home / 'server.log'}")
             time.sleep(1)

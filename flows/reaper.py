@@ -32,3 +32,14 @@ def reap_with_parent(pid: int, group: bool = False) -> None:
     subprocess.Popen([sys.executable, "-c", WATCHDOG, str(os.getpid()), str(pid), *(["group"] if group else [])],
                      start_new_session=True,
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def healthy(url: str) -> bool:
+    """Whether the server at `url` answers its `/health` endpoint (Prefect's API and MLflow's server both have one)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False

@@ -17,10 +17,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from importlib import metadata
 from pathlib import Path
 
+from flows.reaper import healthy
 from flows.tracking import schema_problem
 
 INSTALL_HINT = "pip install 'coopflow[ui]'"
@@ -53,14 +53,6 @@ def server_command(uri: str, artifact_root: Path, host: str, port: int) -> list[
             "--host", host, "--port", str(port), "--workers", "1"]
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def run_ui(data: Path, host: str = "127.0.0.1", port: int = 5000, tracking_uri: str | None = None,
            timeout: float = 120) -> int:
     """Start the MLflow UI over `data`'s tracking store, print its URL once it answers and serve until
@@ -88,7 +80,7 @@ def run_ui(data: Path, host: str = "127.0.0.1", port: int = 5000, tracking_uri: 
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     try:
         t0 = time.time()
-        while not _healthy(url):
+        while not healthy(url):
             if server.poll() is not None:
                 print(f"coopflow: the MLflow server exited ({server.returncode}) before answering on {url}",
                       file=sys.stderr)

@@ -407,9 +407,9 @@ _RL_COMMON = {  # the MARLHF trainer below, field by field, as its RL backend ge
     # the MAGRPO family also gets the MARLHF run's loss_on_padding (it was dropped before, so a run's
     # loss_on_padding: false silently trained its RL phase with the reference's padded loss)
     ("magrpo", {}, {"joint_mode": "aligned", "advantage_mode": None, "loss_on_padding": False,
-                    "collaboration_mode": "decentralized"}),
-    ("maremax", {}, {"joint_mode": "aligned", "advantage_mode": None, "loss_on_padding": False,
-                     "collaboration_mode": "decentralized"}),
+                    "collaboration_mode": "decentralized", "loss_chunk_tokens": None}),
+    ("maremax", {"loss_chunk_tokens": 512}, {"joint_mode": "aligned", "advantage_mode": None, "loss_on_padding": False,
+                                             "collaboration_mode": "decentralized", "loss_chunk_tokens": 512}),
     ("iac", {"use_separate_critic": True},
      {"critic_learning_rate": 1e-4, "critic_type": "v", "value_loss_coef": 0.3, "critic_value_head_hidden_dim": None,
       "critic_devices": ["cpu", "cpu"], "use_separate_critic": True, "value_clip_range": 0.2,
