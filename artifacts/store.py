@@ -177,12 +177,7 @@ class ArtifactStore:
     def read_table(self, ref: ArtifactRef) -> pa.Table:
         """Read a table artifact, verifying its sha256 and schema."""
         path = self._local(ref) / "data.parquet"
-        if not path.is_file():
-            raise ArtifactError(f"artifact {ref.kind}/{ref.key} is missing its data file {path}")
-        digest = sha256_file(path)
-        if digest != ref.sha256:
-            raise ArtifactError(f"artifact file {path} is corrupted: sha256 {digest[:16]}… does not match the "
-                                f"recorded {ref.sha256[:16]}…; delete {path.parent} to recompute it")
+        self._check_files(path.parent, ref, table=True)
         table = pq.read_table(path)
         expected = schema_for(ref.kind)
         if not table.schema.equals(expected, check_metadata=False):
@@ -217,13 +212,28 @@ class ArtifactStore:
     def open_dir(self, ref: ArtifactRef) -> Path:
         """Directory of a dir artifact after verifying every file against its manifest."""
         root = self._local(ref)
+        self._check_files(root, ref, table=False)
+        return root
+
+    @staticmethod
+    def _check_files(root: Path, ref: ArtifactRef, table: bool) -> None:
+        """Verify an artifact's files in `root` against its ref: a table's data.parquet against the ref's sha256;
+        a directory's manifest against it, and every file the manifest lists against the manifest."""
+        if table:
+            path = root / "data.parquet"
+            if not path.is_file():
+                raise ArtifactError(f"artifact {ref.kind}/{ref.key} is missing its data file {path}")
+            digest = sha256_file(path)
+            if digest != ref.sha256:
+                raise ArtifactError(f"artifact file {path} is corrupted: sha256 {digest[:16]}… does not match the "
+                                    f"recorded {ref.sha256[:16]}…; delete {root} to recompute it")
+            return
         manifest_path = root / "manifest.json"
         if not manifest_path.is_file():
             raise ArtifactError(f"artifact {ref.kind}/{ref.key} is missing its manifest {manifest_path}")
         if sha256_file(manifest_path) != ref.sha256:
             raise ArtifactError(f"artifact manifest {manifest_path} is corrupted (sha256 mismatch)")
-        manifest = json.loads(manifest_path.read_text())
-        for rel, digest in manifest["files"].items():
+        for rel, digest in json.loads(manifest_path.read_text())["files"].items():
             f = root / rel
             if not f.is_file():
                 raise ArtifactError(f"artifact file {f} is missing (listed in {manifest_path})")
@@ -231,7 +241,6 @@ class ArtifactStore:
             if got != digest:
                 raise ArtifactError(f"artifact file {f} is corrupted: sha256 {got[:16]}… does not match the "
                                     f"manifest's {digest[:16]}…; delete {root} to recompute it")
-        return root
 
     def put_json(self, kind: str, key: str, obj: Any) -> ArtifactRef:
         """A small JSON document as a dir artifact (`data.json`)."""
@@ -320,7 +329,11 @@ class ArtifactStore:
         tmp.mkdir()
         try:
             self.remote.download(kind, key, record, tmp)
-            self._verify(tmp, ref, f"{self.remote.url}/{kind}/{key}")
+            try:  # the same checks as every local read, before anything lands
+                self._check_files(tmp, ref, table=not (tmp / "manifest.json").is_file())
+            except ArtifactError as err:
+                raise ArtifactError(f"{self.remote.url}/{kind}/{key}: the downloaded copy does not verify "
+                                    f"({err})") from None
             (tmp / "ref.json").write_text(ref.model_dump_json(indent=1))
             (tmp / PUBLISHED).touch()
             if final.exists():
@@ -337,19 +350,6 @@ class ArtifactStore:
             shutil.rmtree(tmp, ignore_errors=True)
             self._raise_if_full(err, kind)
             raise
-
-    @staticmethod
-    def _verify(root: Path, ref: ArtifactRef, where: str) -> None:
-        """Check a downloaded artifact dir against its ref (the table's sha256, or the manifest and its files)."""
-        table, manifest = root / "data.parquet", root / "manifest.json"
-        if manifest.is_file():
-            if sha256_file(manifest) != ref.sha256:
-                raise ArtifactError(f"{where}: the manifest does not match the commit record's sha256")
-            for rel, digest in json.loads(manifest.read_text())["files"].items():
-                if not (root / rel).is_file() or sha256_file(root / rel) != digest:
-                    raise ArtifactError(f"{where}: file {rel} is missing or corrupted (sha256 mismatch)")
-        elif not table.is_file() or sha256_file(table) != ref.sha256:
-            raise ArtifactError(f"{where}: data.parquet is missing or corrupted (sha256 mismatch)")
 
     def remove(self, kind: str, key: str) -> bool:
         """Delete one artifact here and on the remote (renamed away / its commit record deleted first, so readers
@@ -437,22 +437,20 @@ class ArtifactStore:
     def verify_all(self) -> tuple[int, list[tuple[str, str, str]]]:
         """Check every stored artifact (its record, data file or manifest and every file's sha256): returns
         (how many were checked, [(kind, key, problem)] for the bad ones)."""
-        checked, bad = 0, []
-        for kind_dir in sorted(p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            for art in sorted(p for p in kind_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-                checked += 1
-                try:
-                    ref = self.find(kind_dir.name, art.name)
-                    if ref is None:
-                        raise ArtifactError(f"artifact {kind_dir.name}/{art.name} has no record (ref.json): an "
-                                            "incomplete write")
-                    if (art / "data.parquet").is_file() and not (art / "manifest.json").is_file():
-                        self.read_table(ref)
-                    else:
-                        self.open_dir(ref)
-                except ArtifactError as err:
-                    bad.append((kind_dir.name, art.name, str(err)))
-        return checked, bad
+        found, bad = self.artifacts(), []
+        for kind, key in found:
+            art = self.path(kind, key)
+            try:
+                ref = self.find(kind, key)
+                if ref is None:
+                    raise ArtifactError(f"artifact {kind}/{key} has no record (ref.json): an incomplete write")
+                if (art / "data.parquet").is_file() and not (art / "manifest.json").is_file():
+                    self.read_table(ref)
+                else:
+                    self.open_dir(ref)
+            except ArtifactError as err:
+                bad.append((kind, key, str(err)))
+        return len(found), bad
 
     def quarantine(self, kind: str, key: str) -> Path:
         """Move a bad artifact aside to `<root>/.quarantine/<kind>/<key>-<n>` (kept for inspection, never read

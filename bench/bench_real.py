@@ -114,20 +114,10 @@ def coopflow_config(task: str, items_file: Path, data_dir: Path, a, mode: str) -
 # --- coopflow child (in-process modes get the peer's exclusive timers) -------------------------------------------
 
 COOPFLOW_CHILD = r"""
-import functools, json, sys, time
+import json, sys
 import torch
-T, stack = {}, []
-def timed(name, fn):
-    @functools.wraps(fn)
-    def w(*a, **kw):
-        stack.append([name, time.perf_counter(), 0.0])
-        try:
-            return fn(*a, **kw)
-        finally:
-            n, t0, child = stack.pop(); dt = time.perf_counter() - t0
-            T[n] = T.get(n, 0.0) + dt - child
-            if stack: stack[-1][2] += dt
-    return w
+sys.path.insert(0, sys.argv[2])
+from exclusive_timers import T, timed
 from schemas.config import validate_config
 import stages.rollout.generate as G, stages.update.policy_gradient as PG, stages.agents.logprobs as LP
 from stages.loops.run import run_direct
@@ -236,7 +226,7 @@ def main() -> int:
                                                                tmp / f"data-{task}-{mode}-{rep}", a, mode)))
                 B.wait_quiet(a.quiet_wait)
                 B.log(f"{task} #{rep}: coopflow {mode}")
-                r = run_child([sys.executable, "-c", COOPFLOW_CHILD, str(cfg_file)], env, 7200)
+                r = run_child([sys.executable, "-c", COOPFLOW_CHILD, str(cfg_file), str(REPO / "bench")], env, 7200)
                 results.setdefault(task, {}).setdefault(mode, []).append(r)
                 B.log(f"  {r}")
                 shutil.rmtree(tmp / f"data-{task}-{mode}-{rep}", ignore_errors=True)  # checkpoints are ~1.6 GB

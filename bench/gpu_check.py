@@ -204,15 +204,11 @@ import torch
 from datasets import Dataset
 from comlrl.trainers.reinforce.magrpo import MAGRPOConfig, MAGRPOTrainer
 sys.path.insert(0, sys.argv[4])
-import math
+sys.path.insert(0, sys.argv[5])
+from stages.score.rewards import length_ratio  # (standard library only: the peer's python imports it too)
 seen = []
-def reward(c1, c2):  # coopflow's length_ratio, inline: the peer's python need not import coopflow
-    out = []
-    for a, b in zip(c1, c2):
-        r = len(b) / len(a) if a else None
-        out.append(0.0 if r is None else 1.0 if 2.0 <= r <= 3.0 else math.exp(-(2.0 - r if r < 2.0 else r - 3.0)))
-    seen.extend(out)
-    return out
+def reward(c1, c2):
+    out = length_ratio(c1, c2); seen.extend(out); return out
 items = json.loads(sys.argv[4])
 cfg = MAGRPOConfig(num_train_epochs=1, agent_learning_rate=1e-5, num_agents=2, num_generations=4,
                    max_new_tokens=int(sys.argv[3]), temperature=1.0, top_p=1.0, top_k=None, num_turns=1,
@@ -252,7 +248,7 @@ def peer(model_dir: Path, tmp: Path, items: int, tokens: int, given: str | None)
 
     prompts = [{"prompt": it["prompt"]} for it in _builtin("story-length-ratio")["train"][:items]]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    r = _child([py, "-c", PEER, str(model_dir), str(items), str(tokens), json.dumps(prompts)], env, 300)
+    r = _child([py, "-c", PEER, str(model_dir), str(items), str(tokens), json.dumps(prompts), str(REPO)], env, 300)
     ours = (RESULTS.get("training env_steps/s (coopflow, 2 agents)") or {}).get("in-process", {}).get("env_steps_per_s")
     if ours:
         r["coopflow_in_process_ratio"] = round(ours / r["env_steps_per_s"], 2)

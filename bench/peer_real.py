@@ -1,7 +1,7 @@
 """Peer side of bench/bench_real.py: CoMLRL 1.4.3's MAGRPOTrainer on a real model, with a time split.
 
-Run in the peer venv (the HumanEval reward and role prompts come from coopflow's coding module, which imports
-only the standard library and coopflow's sandbox; the story reward is computed here):
+Run in the peer venv (the rewards and role prompts come from coopflow's `stages.score.rewards` and coding
+module, which import only the standard library and coopflow's sandbox):
 
     python bench/peer_real.py TASK MODEL_DIR ITEMS_JSON K TOKENS RBS THREADS
 
@@ -20,11 +20,15 @@ from pathlib import Path
 
 os.environ["WANDB_MODE"] = "disabled"
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # coopflow's rewards and prompts (standard library and coopflow's sandbox only)
 
 import torch  # noqa: E402
 from comlrl.trainers.reinforce.magrpo import MAGRPOConfig, MAGRPOTrainer  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
+
+from exclusive_timers import T, timed  # noqa: E402  (bench/, this script's directory)
+from stages.score.rewards import length_ratio  # noqa: E402
 
 
 task, model_dir, items_file = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -34,33 +38,12 @@ torch.set_num_threads(threads)
 items = json.loads(Path(items_file).read_text())
 tok = AutoTokenizer.from_pretrained(model_dir)
 
-# --- exclusive timers -------------------------------------------------------------------------------------------
-T: dict[str, float] = {}
-_stack: list[list] = []
-
-
-def timed(name, fn):
-    @functools.wraps(fn)
-    def w(*a, **kw):
-        _stack.append([name, time.perf_counter(), 0.0])
-        try:
-            return fn(*a, **kw)
-        finally:
-            n, t0, child = _stack.pop()
-            dt = time.perf_counter() - t0
-            T[n] = T.get(n, 0.0) + dt - child
-            if _stack:
-                _stack[-1][2] += dt
-    return w
-
-
 def chat(text: str) -> str:  # what coopflow's formatter with chat_template: true builds
     return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
 
 
 seen: list[float] = []
 if task == "humaneval":
-    sys.path.insert(0, str(REPO))
     from stages.tasks.envs import coding
 
     @functools.partial(timed, "reward")
@@ -71,14 +54,9 @@ if task == "humaneval":
 
     formatters = [lambda it: chat(coding.helper_prompt(it)), lambda it: chat(coding.main_prompt(it))]
 else:
-    import math
-
     @functools.partial(timed, "reward")
-    def reward(c1, c2):  # coopflow's length_ratio (stages/score/rewards.py), which imports coopflow itself
-        out = []
-        for a, b in zip(c1, c2):
-            r = len(b) / len(a) if a else None
-            out.append(0.0 if r is None else 1.0 if 2.0 <= r <= 3.0 else math.exp(-(2.0 - r if r < 2.0 else r - 3.0)))
+    def reward(c1, c2):
+        out = length_ratio(c1, c2)
         seen.extend(out)
         return out
 

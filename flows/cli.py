@@ -140,11 +140,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _verify(args) -> int:
     from artifacts import ArtifactStore
-    from flows.env import data_dir
 
-    root = data_dir(args.data_dir)
-    if not (root / "artifacts").is_dir():
-        print(f"coopflow: {root} holds no artifacts (no {root / 'artifacts'})", file=sys.stderr)
+    root = _data_with_artifacts(args)
+    if root is None:
         return 2
     store = ArtifactStore(root / "artifacts")
     checked, bad = store.verify_all()
@@ -158,15 +156,26 @@ def _verify(args) -> int:
     return 1 if bad and not args.quarantine else 0
 
 
-def _gc(args) -> int:
+def _data_with_artifacts(args) -> Path | None:
+    """The data dir `verify` / `gc` work on; None (said on stderr) when it holds no artifact store."""
     from flows.env import data_dir
-    from flows.gc import gc
 
     root = data_dir(args.data_dir)
     if not (root / "artifacts").is_dir():
         print(f"coopflow: {root} holds no artifacts (no {root / 'artifacts'})", file=sys.stderr)
+        return None
+    return root
+
+
+def _gc(args) -> int:
+    from flows.gc import gc
+
+    root = _data_with_artifacts(args)
+    if root is None:
         return 2
     return gc(root, args.yes, args.keep_optimizer, args.grace_minutes, args.tracking_uri)
+
+
 def _ui(args) -> int:
     """`coopflow ui`: the MLflow web UI (flows/ui.py)."""
     from flows.env import data_dir
@@ -324,8 +333,6 @@ def _tiny(args) -> int:
     out = build_tiny_model(args.dir, args.hidden, args.layers, args.seed, args.vocab)
     print(out)
     return 0
-
-
 
 
 def _boot_ephemeral_server():

@@ -116,7 +116,7 @@ def gc(data: Path, yes: bool = False, keep_optimizer: str = "all", grace_min: fl
     for line in report(plan, keep_optimizer, grace_min) + [f"note: {n}" for n in notes]:
         out(line)
     if keep_optimizer == "all":
-        extra = sum(b for _, b in plan_gc(store, roots, "last", grace_min * 60, started).drop_optimizer)
+        extra = sum(b for _, b, final in plan.slimmable if not final)  # what --keep-optimizer last would drop
         if extra:
             out(f"hint: --keep-optimizer last would also free {human(extra)} (optimizer state of non-final "
                 "checkpoints; resuming from them replays their segment's stored updates)")

@@ -20,7 +20,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from flows.reaper import healthy
+from flows.reaper import healthy, reap_with_parent
 from flows.tracking import schema_problem
 
 INSTALL_HINT = "pip install 'coopflow[ui]'"
@@ -73,8 +73,6 @@ def run_ui(data: Path, host: str = "127.0.0.1", port: int = 5000, tracking_uri: 
     env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, "MLFLOW_TRACKING_URI": uri,
            "MLFLOW_DISABLE_TELEMETRY": "true"}
     server = subprocess.Popen(server_command(uri, artifact_root, host, port), env=env, start_new_session=True)
-    from flows.reaper import reap_with_parent
-
     reap_with_parent(server.pid, group=True)  # the server goes with this process, also after a kill -9
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a plain kill stops the server too (finally below)
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"

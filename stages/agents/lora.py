@@ -26,7 +26,6 @@ full models from `critic.model`, trained in full (pick a small one).
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
@@ -108,7 +107,7 @@ def load_lora_policies(base: str, adapters: list[str | None], settings, lr: floa
                        seed: int, specs: list[dict | None] | None = None) -> Policies:
     """N agents as adapters on one base in this process (`adapters[i]`: a stored adapter dir, or None for a
     new one); `specs[i]`: agent i's actor-critic load spec (value head / separate critic)."""
-    from stages.agents.models import attach_actor_critic, load_agent, load_tensors
+    from stages.agents.models import attach_actor_critic, load_agent, load_optimizer_state
 
     settings = _settings(settings)
     model, tok = load_agent(base, dtype, attn, device)
@@ -121,9 +120,7 @@ def load_lora_policies(base: str, adapters: list[str | None], settings, lr: floa
     for i, src in enumerate(adapters):
         agent = _agent(peft, tok, i, lr, with_reference, base)
         attach_actor_critic(agent, src or base, (specs or [None] * len(adapters))[i], dtype, attn, device)
-        opt = (optimizer_files or [None] * len(adapters))[i]
-        if opt is not None and Path(opt).is_file():
-            agent.ensure_optimizer().load_state_dict(load_tensors(opt, device))
+        load_optimizer_state(agent, (optimizer_files or [None] * len(adapters))[i], device)
         agents.append(agent)
     agents[0].activate()
     return Policies(agents)
@@ -138,7 +135,7 @@ def load_lora_agent(source: str, lr: float, dtype: str, attn: str | None, device
     in-process (same name, same seed), so the agent starts from the same weights; the frozen KL reference
     is the base with the adapter disabled.
     """
-    from stages.agents.models import attach_actor_critic, load_agent, load_tensors
+    from stages.agents.models import attach_actor_critic, load_agent, load_optimizer_state
 
     lora = spec["lora"]
     index = int(lora["index"])
@@ -150,8 +147,7 @@ def load_lora_agent(source: str, lr: float, dtype: str, attn: str | None, device
     peft.eval()
     agent = _agent(peft, tok, index, lr, with_reference, lora["base"])
     attach_actor_critic(agent, source, spec, dtype, attn, device)
-    if optimizer_file is not None and Path(optimizer_file).is_file():
-        agent.ensure_optimizer().load_state_dict(load_tensors(optimizer_file, device))
+    load_optimizer_state(agent, optimizer_file, device)
     return agent
 
 

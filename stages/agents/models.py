@@ -227,9 +227,14 @@ def load_agent_state(source: str | Path, lr: float, dtype: str = "float32", attn
         ref.requires_grad_(False)
         agent.reference = ref
     attach_actor_critic(agent, source, spec, dtype, attn_implementation, device)
+    load_optimizer_state(agent, optimizer_file, device)
+    return agent
+
+
+def load_optimizer_state(agent: AgentState, optimizer_file: str | Path | None, device: str) -> None:
+    """Restore an agent's AdamW state from a checkpoint's file (nothing when there is none: a fresh optimizer)."""
     if optimizer_file is not None and Path(optimizer_file).is_file():
         agent.ensure_optimizer().load_state_dict(load_tensors(optimizer_file, device))
-    return agent
 
 
 def attach_actor_critic(agent: AgentState, source: str | Path, spec: dict | None, dtype: str,

@@ -55,14 +55,20 @@ def _forward_logs(conn, settings: dict) -> None:
     logging.getLogger("stages").setLevel(settings.get("level", logging.WARNING))
 
 
+def _log_here(msg: tuple) -> bool:
+    """Log a worker's ('log', ...) message under its logger here; False for any other message."""
+    if msg[0] != "log":
+        return False
+    name, level, text = msg[1]
+    logging.getLogger(name).log(level, "%s", text)
+    return True
+
+
 def _relay(conn):
     """The next non-log message from a worker; log messages on the way are logged here."""
-    while True:
-        msg = conn.recv()
-        if msg[0] != "log":
-            return msg
-        name, level, text = msg[1]
-        logging.getLogger(name).log(level, "%s", text)
+    while _log_here(msg := conn.recv()):
+        pass
+    return msg
 
 
 def _worker(conn, source: str, lr: float, dtype: str, attn: str | None, device: str, threads: int,
@@ -216,9 +222,7 @@ class WorkerPolicies:
                     msg = c.recv()
                 except EOFError:
                     msg = ("error", ("RuntimeError", "worker process died", ""))
-                if msg[0] == "log":
-                    name, level, text = msg[1]
-                    logging.getLogger(name).log(level, "%s", text)
+                if _log_here(msg):
                     continue
                 replies[i] = msg
                 del waiting[i]

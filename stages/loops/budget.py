@@ -30,12 +30,17 @@ class Budget:
                 f"{self.eval_sequences} eval sequences")
 
 
+def tree_size(k: int, num_agents: int, num_turns: int, joint_mode: str) -> tuple[int, int]:
+    """(children = joint actions per node, nodes per item over all depths) of a full episode tree."""
+    branch = k if (joint_mode == "aligned" or num_agents == 1) else k ** num_agents
+    return branch, sum(branch ** t for t in range(num_turns))
+
+
 def estimate(n_items: int, n_eval_items: int, num_agents: int, k: int, num_turns: int, joint_mode: str,
              epochs: int, buffer: int) -> Budget:
     """Upper-bound counts (no early termination) for a run over `n_items` training items."""
     n = num_agents
-    branch = k if (joint_mode == "aligned" or n == 1) else k ** n  # children (= joint actions) per node
-    nodes = sum(branch ** t for t in range(num_turns))  # nodes per item over all depths
+    branch, nodes = tree_size(k, n, num_turns, joint_mode)
     updates_per_epoch = -(-n_items // buffer)
     items = n_items * epochs
     return Budget(updates=updates_per_epoch * epochs,

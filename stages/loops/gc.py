@@ -45,6 +45,8 @@ class GcPlan:
 
     delete: list[tuple[str, str, int]] = field(default_factory=list)  # (kind, key, bytes)
     drop_optimizer: list[tuple[str, int]] = field(default_factory=list)  # (checkpoint policy key, bytes freed)
+    slimmable: list[tuple[str, int, bool]] = field(default_factory=list)  # every kept segment checkpoint with
+    # optimizer state: (policy key, bytes of that state, a recorded run's final); drop_optimizer picks from these
     kept: dict[str, tuple[int, int]] = field(default_factory=dict)  # kind -> (count, bytes) of what stays
     protected: int = 0  # unneeded by any record but kept: held by a running run or written within the grace period
 
@@ -125,17 +127,17 @@ def plan_gc(store: ArtifactStore, roots: Roots, keep_optimizer: str = "all", gra
         if kind in ALWAYS_KEPT or (kind, key) in keep:
             n, b = plan.kept.get(kind, (0, 0))
             plan.kept[kind] = (n + 1, b + size)
-            if kind == "checkpoint" and not is_weights_only(key) and (kind, key) not in held:
-                final = key in roots.finals
-                if keep_optimizer == "none" or (keep_optimizer == "last" and not final):
-                    if _segment_checkpoint(store, key):
-                        plan.drop_optimizer.append((key, store.size(kind, key, "optimizer")))
+            if kind == "checkpoint" and not is_weights_only(key) and (kind, key) not in held \
+                    and _segment_checkpoint(store, key):
+                plan.slimmable.append((key, store.size(kind, key, "optimizer"), key in roots.finals))
             continue
         written = _written_at(store, kind, key)
         if (kind, key) in held or written >= min(held_since, now - grace_s):
             plan.protected += 1
             continue
         plan.delete.append((kind, key, size))
+    plan.drop_optimizer = [(key, b) for key, b, final in plan.slimmable
+                           if keep_optimizer == "none" or (keep_optimizer == "last" and not final)]
     return plan
 
 

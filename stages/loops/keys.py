@@ -100,6 +100,10 @@ def segment_end_keys(ctx: "RunContext") -> tuple[str, ...]:
     return tuple(out)
 
 
+ROUND_STAGE_VERSION = "1"
+"""Stage version of the iterative rounds' keys (`stages.loops.rounds`), apart from the segment loop's."""
+
+
 def rm_round_key(round_key: str) -> str:
     """Key of the reward model fitted in the iterative round whose checkpoint key is `round_key`."""
-    return key_for("reward_model", {"round": round_key, "v": "1"})  # (the rounds' stage version, not the plan's)
+    return key_for("reward_model", {"round": round_key, "v": ROUND_STAGE_VERSION})

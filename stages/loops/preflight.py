@@ -200,9 +200,7 @@ def disk_estimate(cfg: RunConfig, train_items: list) -> "budget.DiskEstimate | N
         params = trained = per_agent * len(sizes)
         wb = 4
     n, k = len(sizes), t.num_generations
-    joint_mode = getattr(t, "joint_mode", "aligned")
-    branch = k if (joint_mode == "aligned" or n == 1) else k ** n
-    nodes = sum(branch ** d for d in range(t.num_turns))
+    _, nodes = budget.tree_size(k, n, t.num_turns, getattr(t, "joint_mode", "aligned"))
     if trains_in_segments(cfg):
         units = nodes * (k if is_actor_critic(cfg) else 1)
         updates = plan_updates(len(train_items), t.num_train_epochs, t.rollout_buffer_size, 1, units)

@@ -35,7 +35,7 @@ from stages.evaluate.evaluate import evaluate
 from stages.evaluate.reward_drift import drift_metrics, drift_record
 from stages.loops.context import (RunContext, formatters_for, joint_prompt_parts, processed_range,
                                   resolve_model_sources)
-from stages.loops.keys import rm_round_key
+from stages.loops.keys import ROUND_STAGE_VERSION, rm_round_key
 from stages.loops.run import run_segments
 from stages.loops.segment import acquire_policies, open_checkpoint
 from stages.rollout.generate import SamplingConfig, generate_rollouts
@@ -44,7 +44,7 @@ from stages.score.replay import sample_replay
 from stages.score.scores import score_rewards
 from stages.tasks.taskset import items_digest
 
-STAGE_VERSION = "1"
+STAGE_VERSION = ROUND_STAGE_VERSION
 
 
 def round_keys(ctx: RunContext) -> list[str]:

@@ -202,7 +202,7 @@ def _eval_file_rows(cfg: TasksetConfig, train: list[dict]) -> list[dict]:
         raise ValueError(f"taskset.eval_file {cfg.eval_file!r} has no rows")
     _unique_ids(rows, f"taskset.eval_file {cfg.eval_file!r}")
     seen = {_identity(r): i for i, r in enumerate(train)}
-    both = [(i, seen[_identity(r)], _identity(r)) for i, r in enumerate(rows) if _identity(r) in seen]
+    both = [(i, seen[ident], ident) for i, ident in enumerate(map(_identity, rows)) if ident in seen]
     if both:
         i, j, ident = both[0]
         raise ValueError(f"taskset.eval_file {cfg.eval_file!r}: {len(both)} row(s) repeat training rows, e.g. row {i} "
