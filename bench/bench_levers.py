@@ -8,6 +8,8 @@ so machine drift cancels; the printed ratio is baseline / lever (> 1: the lever 
 
 - decode_bf16: the KV-cache decode loop with bfloat16 matmuls and cache (`agents.compute_dtype`) vs the
   weights' float32; numerics: greedy tokens agree, and per-token log-prob difference of the prefill logits.
+- prefill_shared: the decode loop prefilling each distinct prompt once (K samples share it) vs every row;
+  HumanEval-length prompts (~230 tokens), `--rows` = 4 prompts x rows/4 samples, bf16 matmuls; tokens must be equal.
 - loss_bf16: the policy-gradient loss forward + backward under CPU autocast bfloat16 vs float32.
 - adamw_fused: fused AdamW step vs the for-each implementation.
 
@@ -73,6 +75,27 @@ def lever_decode_bf16(model, tok, a) -> dict:
             "tokens_per_s_base": a.rows * a.tokens / tb, "tokens_per_s_lever": a.rows * a.tokens / tl}
 
 
+def lever_prefill_shared(model, tok, a) -> dict:
+    from stages.agents.decode import sample
+
+    body = ("def has_close_elements(numbers, threshold):\n    \"\"\" Check if in given list of numbers, are any two "
+            "numbers closer to each other than given threshold.\n    >>> has_close_elements([1.0, 2.0], 0.5)\n"
+            "    False\n    \"\"\"\n") * 3
+    k = max(1, a.rows // 4)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": f"Task {i}. Complete this function:\n{body}"}],
+                                       tokenize=False, add_generation_prompt=True) for i in range(4) for _ in range(k)]
+    enc = tok(prompts, return_tensors="pt", padding=True)
+
+    def run(share):
+        torch.manual_seed(0)
+        return sample(model, enc["input_ids"], enc["attention_mask"], a.tokens, 1.0, 50, 1.0, None, tok.pad_token_id,
+                      compute_dtype=torch.bfloat16, share_prefill=share)
+
+    tb, tl = interleave(lambda: run(False), lambda: run(True), a.repeats)
+    same = bool(torch.equal(run(False), run(True)))
+    return {"base_s": tb, "lever_s": tl, "prompt_tokens": enc["input_ids"].shape[1], "same_tokens": same}
+
+
 def _loss_inputs(model, tok, a):
     from stages.agents.decode import sample
 
@@ -126,7 +149,7 @@ def lever_adamw_fused(model, tok, a) -> dict:
     return {"base_s": tb, "lever_s": tl}
 
 
-LEVERS = {"decode_bf16": lever_decode_bf16, "loss_bf16": lever_loss_bf16, "adamw_fused": lever_adamw_fused}
+LEVERS = {"decode_bf16": lever_decode_bf16, "prefill_shared": lever_prefill_shared, "loss_bf16": lever_loss_bf16, "adamw_fused": lever_adamw_fused}
 
 
 def main() -> int:

@@ -104,3 +104,30 @@ def test_compute_dtype_setting_resolves_per_machine_and_keys_stay(monkeypatch, t
     assert auto.compute_dtype == "bfloat16" and auto.identity()["compute_dtype"] == "bfloat16"
     monkeypatch.setattr(FD, "native_bf16", lambda device="cpu": False)
     assert FD.resolve_compute_dtype("auto", "cpu") == "model" and FD.resolve_compute_dtype("bfloat16", "cpu") == "bfloat16"
+
+
+def test_shared_prompts_are_prefilled_once_and_sample_the_same_tokens(tiny_model_dir, monkeypatch):
+    """K samples of a prompt (here in any order, not adjacent) share one prefill: the prefill forward sees the
+    distinct prompts only, and the tokens equal `generate`'s and the per-row prefill's for the same seed."""
+    model, tok = load_agent(tiny_model_dir)
+    model.eval()
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    order = torch.tensor([2, 0, 1, 2, 3, 0, 2, 1, 3])
+    ids, am = enc.input_ids[order], enc.attention_mask[order]
+    rep, inverse = FD._distinct_rows(ids, am)
+    assert len(rep) == 4 and torch.equal(ids[rep][inverse], ids)
+    assert FD._distinct_rows(enc.input_ids, enc.attention_mask) == (None, None)
+    gc = GenerationConfig(do_sample=True, max_new_tokens=16, temperature=0.9, top_p=0.95, top_k=50,
+                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+    torch.manual_seed(5)
+    with torch.inference_mode():
+        ref = model.generate(input_ids=ids, attention_mask=am, generation_config=gc)[:, ids.shape[1]:]
+    seen = []
+    real_embedding = FD.F.embedding
+    monkeypatch.setattr(FD.F, "embedding", lambda x, w: seen.append(tuple(x.shape)) or real_embedding(x, w))
+    torch.manual_seed(5)
+    shared = FD.sample(model, ids, am, 16, 0.9, 50, 0.95, tok.eos_token_id, tok.pad_token_id)
+    assert seen[0] == (4, ids.shape[1]) and all(s[0] == len(order) for s in seen[1:])
+    torch.manual_seed(5)
+    per_row = FD.sample(model, ids, am, 16, 0.9, 50, 0.95, tok.eos_token_id, tok.pad_token_id, share_prefill=False)
+    assert torch.equal(shared, ref) and torch.equal(per_row, ref)

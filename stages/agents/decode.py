@@ -5,8 +5,9 @@ Python overhead (module calls, mask building, a cache that grows by concatenatio
 This loop does the same maths with the model's own weights, read fresh at every call (so it always
 samples from the current policy):
 
-1. prefill: one causal forward over the left-padded prompts, writing keys/values into a cache tensor
-   sized for prompt + `max_new_tokens` (never reallocated);
+1. prefill: one causal forward over the *distinct* left-padded prompts (a rollout asks for K samples of each
+   prompt, and a tree's K children share their parent's prompt: each is prefilled once, its keys/values then
+   copied to its K rows), writing into a cache tensor sized for prompt + `max_new_tokens` (never reallocated);
 2. decode: per new token one pass over the layers with fused q/k/v and gate/up matmuls, attention
    over the filled part of the cache (prompt pads masked), then the same logits warpers as
    transformers' sampling path in the same order (temperature → top-k → top-p) and one
@@ -107,6 +108,17 @@ def _rotate(x, cos, sin):
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def _distinct_rows(input_ids, attention_mask):
+    """(one row index per distinct prompt [U], each row's distinct prompt [B]), or (None, None) when all B differ."""
+    uniq, inverse = torch.unique(torch.cat([input_ids, attention_mask.to(input_ids.dtype)], 1), dim=0,
+                                 return_inverse=True)
+    if len(uniq) == len(input_ids):
+        return None, None
+    rep = torch.empty(len(uniq), dtype=torch.long, device=input_ids.device)
+    rep.scatter_(0, inverse, torch.arange(len(input_ids), device=input_ids.device))
+    return rep, inverse
+
+
 # --- the loop ------------------------------------------------------------------------------------
 
 def _warp(logits, temperature: float, top_k: int | None, top_p: float):
@@ -130,7 +142,7 @@ def _warp(logits, temperature: float, top_k: int | None, top_p: float):
 def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int,
            temperature: float, top_k: int | None, top_p: float, eos_token_id: int | None,
            pad_token_id: int | None, on_step: Callable[[int], None] | None = None,
-           compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+           compute_dtype: torch.dtype | None = None, share_prefill: bool = True) -> torch.Tensor:
     """Sampled continuations of left-padded prompts.
 
     input_ids, attention_mask: [B, P]. Returns [B, T] new tokens (T ≤ max_new_tokens), pad after EOS.
@@ -138,6 +150,8 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     `compute_dtype`: the dtype of the projection matmuls (e.g. bfloat16 on CPUs with AVX512-BF16/AMX: half the
     weight bytes read per decoded token); None = the model's own. Everything else (residual stream, norms,
     rotary, KV cache, attention, sampling warpers) stays in the weights' dtype.
+    `share_prefill`: prefill each distinct prompt once (False: every row; the same tokens either way, kept for the
+    benchmark of this lever).
     """
     cfg, inner = model.config, model.model
     B, P = input_ids.shape
@@ -168,14 +182,16 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     # key mask over cache slots: prompt pads are never attended to
     key_ok = torch.ones(B, L, dtype=torch.bool, device=dev)
     key_ok[:, :P] = attention_mask.bool()
-    kc = torch.zeros(len(layers), B, n_kv, L, hd, dtype=wide, device=dev)
-    vc = torch.zeros_like(kc)
     q_size, kv_size = n_heads * hd, n_kv * hd
     gqa = n_heads != n_kv
 
-    def forward(x, start, n, mask):
-        """x: [B, n, H] hidden states at cache slots start..start+n-1 → last-position logits [B, V]."""
+    def forward(x, start, n, mask, rows, kc, vc):
+        """x: [b, n, H] hidden states of batch rows `rows` (None = all) at cache slots start..start+n-1, written to
+        the caches kc/vc [layers, b, n_kv, L, hd] → last-position logits [b, V]."""
+        B = x.shape[0]
         c, s = cos[:, :, start:start + n], sin[:, :, start:start + n]
+        if rows is not None:
+            c, s = c[rows], s[rows]
         for li, w in enumerate(layers):
             h = _rms(w["ln1"], x).to(dt)
             qkv = F.linear(h, w["qkv_w"], w["qkv_b"]).to(wide)
@@ -193,11 +209,17 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
             x = x + F.linear(F.silu(gu[..., :w["inter"]]) * gu[..., w["inter"]:], w["d_w"]).to(wide)
         return F.linear(_rms(final_norm, x[:, -1]).to(dt), lm_w, lm_b)
 
-    # --- prefill: causal over the prompt, pads masked (a fully padded query row attends to itself)
+    # --- prefill: causal over each distinct prompt once, pads masked (a fully padded query row attends to itself)
+    rep, inverse = _distinct_rows(input_ids, attention_mask) if share_prefill else (None, None)
+    U = B if rep is None else len(rep)
+    kc = torch.zeros(len(layers), U, n_kv, L, hd, dtype=wide, device=dev)
+    vc = torch.zeros_like(kc)
     causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
-    pmask = causal[None, None] & key_ok[:, None, None, :P]
+    pmask = causal[None, None] & (key_ok if rep is None else key_ok[rep])[:, None, None, :P]
     pmask |= torch.eye(P, dtype=torch.bool, device=dev)[None, None]
-    logits = forward(F.embedding(input_ids, emb), 0, P, pmask)
+    logits = forward(F.embedding(input_ids if rep is None else input_ids[rep], emb), 0, P, pmask, rep, kc, vc)
+    if rep is not None:  # each row gets its prompt's cache and next-token logits
+        kc, vc, logits = kc[:, inverse], vc[:, inverse], logits[inverse]
 
     # --- decode
     out = torch.full((B, T), pad_token_id if pad_token_id is not None else 0, dtype=torch.long, device=dev)
@@ -216,5 +238,5 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
             on_step(t)
         if t == T or bool(done.all()):
             break
-        logits = forward(F.embedding(nxt[:, None], emb), P + t - 1, 1, key_ok[:, None, None, :P + t])
+        logits = forward(F.embedding(nxt[:, None], emb), P + t - 1, 1, key_ok[:, None, None, :P + t], None, kc, vc)
     return out[:, :t]
