@@ -8,8 +8,10 @@ Steps (each prints one line; a failed step prints FAIL and the script continues)
 2. a random-initialised Qwen2-architecture model of ~0.5B parameters (hidden 1024, 28 layers, 16 heads, 2 KV
    heads, MLP 4864, vocabulary padded to 32768) with a locally trained tokenizer — no weights are downloaded;
 3. correctness: coopflow's KV-cache decode loop draws the same tokens as `model.generate` for the same seed
-   (float32, on the device);
-4. generation tokens/s in bf16 with SDPA: `model.generate` vs the decode loop, 32 sequences x 128 tokens;
+   (float32, on the device, 2 samples per prompt), in every step mode: auto (= CUDA-graph replay of the
+   static-shape step on a GPU), dynamic (growing cache), static, cuda_graph;
+4. generation tokens/s in bf16 with SDPA: `model.generate` vs the decode loop (auto: CUDA graphs on a GPU) and
+   the loop without graphs (dynamic), 32 sequences x 128 tokens;
 5. training env_steps/s: two agents, MAGRPO, story-length reward, K=4, 64 tokens, bf16 weights on the device,
    in-process and with `parallel_training: mp` (one GPU per agent when there are two, else both on GPU 0);
 6. the peer, CoMLRL 1.4.3, on the same model and workload when it is importable (or installable offline from
@@ -98,18 +100,26 @@ def correctness(model_dir: Path, device: str) -> dict:
     from stages.agents.models import load_agent
 
     model, tok = load_agent(model_dir, "float32", "sdpa", device)
-    enc = _prompts(tok, 8)
-    ids, am = enc.input_ids.to(device), enc.attention_mask.to(device)
+    enc = _prompts(tok, 4)
+    ids = enc.input_ids.repeat_interleave(2, 0).to(device)
+    am = enc.attention_mask.repeat_interleave(2, 0).to(device)
     gc = GenerationConfig(do_sample=True, max_new_tokens=24, temperature=0.8, top_p=0.95, top_k=50,
                           pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
     torch.manual_seed(3)
     with torch.inference_mode():
         ref = model.generate(input_ids=ids, attention_mask=am, generation_config=gc)[:, ids.shape[1]:]
-    torch.manual_seed(3)
-    mine = FD.sample(model, ids, am, 24, 0.8, 50, 0.95, tok.eos_token_id, tok.pad_token_id)
-    same = ref.shape == mine.shape and bool(torch.equal(ref, mine))
-    agree = float((ref[:, :mine.shape[1]] == mine[:, :ref.shape[1]]).float().mean())
-    return {"same_tokens": same, "token_agreement": round(agree, 4), "verdict": "PASS" if same else "FAIL"}
+    out, ok = {}, True
+    # every step mode the device has (auto = CUDA-graph replay on a GPU), K=2 samples per prompt (shared prefill)
+    modes = ["auto", "dynamic", "static"] + (["cuda_graph"] if device.startswith("cuda") else [])
+    for mode in modes:
+        torch.manual_seed(3)
+        mine = FD.sample(model, ids, am, 24, 0.8, 50, 0.95, tok.eos_token_id, tok.pad_token_id, step_mode=mode)
+        same = ref.shape == mine.shape and bool(torch.equal(ref, mine))
+        agree = float((ref[:, :mine.shape[1]] == mine[:, :ref.shape[1]]).float().mean())
+        out[f"{mode}_same_tokens"], out[f"{mode}_token_agreement"] = same, round(agree, 4)
+        ok = ok and same
+    out["verdict"] = "PASS" if ok else "FAIL"
+    return out
 
 
 @step("generation tokens/s (bf16, SDPA)")
@@ -134,11 +144,12 @@ def generation_speed(model_dir: Path, device: str, rows: int, tokens: int) -> di
         with torch.inference_mode():
             model.generate(input_ids=ids, attention_mask=am, generation_config=gc)
 
-    def loop():
-        FD.sample(model, ids, am, tokens, 1.0, 50, 1.0, None, tok.pad_token_id)
+    def loop(mode):
+        return lambda: FD.sample(model, ids, am, tokens, 1.0, 50, 1.0, None, tok.pad_token_id, step_mode=mode)
 
     out = {}
-    for name, fn in (("generate", hf), ("decode_loop", loop)):
+    runs = [("generate", hf), ("decode_loop", loop("auto")), ("decode_loop_dynamic", loop("dynamic"))]
+    for name, fn in runs:
         fn()  # warm-up
         sync()
         t0 = time.perf_counter()

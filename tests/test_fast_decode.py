@@ -131,3 +131,38 @@ def test_shared_prompts_are_prefilled_once_and_sample_the_same_tokens(tiny_model
     torch.manual_seed(5)
     per_row = FD.sample(model, ids, am, 16, 0.9, 50, 0.95, tok.eos_token_id, tok.pad_token_id, share_prefill=False)
     assert torch.equal(shared, ref) and torch.equal(per_row, ref)
+
+
+def test_static_step_mode_samples_the_same_tokens_as_the_dynamic_one(tiny_model_dir):
+    """The static-shape decode step (the one CUDA graphs replay: attention over the whole cache, masked to its
+    filled slots, the slot given as a tensor) draws the same tokens as the growing-cache step, also with EOS early
+    stops and shared prefills; 'cuda_graph' needs a CUDA device and unknown modes are refused by name."""
+    model, tok = load_agent(tiny_model_dir)
+    model.eval()
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    ids, am = enc.input_ids.repeat_interleave(3, 0), enc.attention_mask.repeat_interleave(3, 0)
+    ref0, _ = _both(model, tok, 50, 1.0, 1.0, tok.eos_token_id)
+    eos = int(torch.mode(ref0[:, :4].flatten()).values)
+    outs = {}
+    for mode in ("dynamic", "static", "auto"):
+        torch.manual_seed(11)
+        outs[mode] = FD.sample(model, ids, am, 30, 0.9, 50, 0.95, eos, tok.pad_token_id, step_mode=mode)
+    assert (outs["dynamic"] == eos).any(1).any()
+    assert torch.equal(outs["static"], outs["dynamic"]) and torch.equal(outs["auto"], outs["dynamic"])
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        FD.sample(model, ids, am, 4, 1.0, 50, 1.0, None, tok.pad_token_id, step_mode="cuda_graph")
+    with pytest.raises(ValueError, match="step_mode 'fast'"):
+        FD.sample(model, ids, am, 4, 1.0, 50, 1.0, None, tok.pad_token_id, step_mode="fast")
+
+
+@pytest.mark.slow
+def test_compiled_static_step_samples_the_same_tokens(tiny_model_dir):
+    model, tok = load_agent(tiny_model_dir)
+    model.eval()
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    torch.manual_seed(2)
+    a = FD.sample(model, enc.input_ids, enc.attention_mask, 8, 1.0, 50, 1.0, None, tok.pad_token_id)
+    torch.manual_seed(2)
+    b = FD.sample(model, enc.input_ids, enc.attention_mask, 8, 1.0, 50, 1.0, None, tok.pad_token_id,
+                  step_mode="compile")
+    assert torch.equal(a, b)
