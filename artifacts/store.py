@@ -21,6 +21,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,14 @@ def key_for(kind: str, inputs: dict[str, Any]) -> str:
     """Input-addressed key: sha256 of (kind, schema version, canonical inputs), 24 hex chars."""
     payload = canonical_json({"kind": kind, "schema_version": SCHEMA_VERSION, "inputs": inputs})
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+def _digests(root: Path) -> dict[str, str]:
+    """sha256 of every file under `root` by relative path, hashed side by side (hashlib releases the GIL: a
+    checkpoint's few large files hash ~2x faster on two cores)."""
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1, len(files)))) as pool:
+        return {str(p.relative_to(root)): d for p, d in zip(files, pool.map(sha256_file, files))}
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -263,8 +272,7 @@ class ArtifactStore:
             if table:
                 digest = sha256_file(tmp / "data.parquet")
             else:
-                files = digests if digests is not None else {
-                    str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+                files = digests if digests is not None else _digests(tmp)
                 (tmp / "manifest.json").write_text(json.dumps({"kind": kind, "key": key, "files": files}, indent=1))
                 digest = sha256_file(tmp / "manifest.json")
             ref = ArtifactRef(kind=kind, key=key, uri=f"{kind}/{key}", sha256=digest, rows=rows)

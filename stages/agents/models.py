@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -288,7 +289,13 @@ def load_policies(sources: list[str | Path], lr: float, dtype: str = "float32",
 def save_checkpoint(policies, out: Path, state: dict) -> None:
     """Write a whole checkpoint into `out` (every agent, MAAC's central critic, the trainer state)."""
     lay = CheckpointLayout(Path(out))
-    policies.run(save_agent, [(out, i) for i in range(policies.n)])
+    if isinstance(policies, Policies) and policies.n > 1 and all(a.activate is None for a in policies.agents):
+        # in-process agents with their own models: write them side by side (serialising and file writes release
+        # the GIL: 2 agents of 135 M parameters with optimizer state 1.2 -> 0.7 s); workers already write in parallel
+        with ThreadPoolExecutor(policies.n) as pool:
+            list(pool.map(lambda i: save_agent(policies.agents[i], out, i), range(policies.n)))
+    else:  # LoRA agents share one model (switched per agent), worker groups run the op in each worker
+        policies.run(save_agent, [(out, i) for i in range(policies.n)])
     if getattr(policies, "critic", None) is not None:  # MAAC's central critic
         save_critic(policies.critic, lay.central_critic, lay.central_critic_optimizer)
     lay.write_trainer_state(state)
