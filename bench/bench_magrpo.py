@@ -68,9 +68,12 @@ MT_INSTRUCTION = "Revise: agent 2 must write 2-3 times more than agent 1."
 
 
 MODES = {"seq": {}, "mp": {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"]},
-         "mp_masked": {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"], "loss_on_padding": False}}
+         "mp_masked": {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"], "loss_on_padding": False},
+         "seq-bf16": {"compute_dtype": "auto"},
+         "mp-bf16": {"parallel_training": "mp", "agent_devices": ["cpu", "cpu"], "compute_dtype": "auto"}}
 """coopflow variants: agents in the main process, or one persistent worker process per agent (mp_masked: that with
-the masked loss, trainer.loss_on_padding=false, instead of the reference's exact loss)."""
+the masked loss, trainer.loss_on_padding=false, instead of the reference's exact loss; -bf16: with
+agents.compute_dtype=auto, bf16 matmuls where the CPU has them)."""
 
 
 def shared_common():
@@ -96,9 +99,13 @@ def coopflow_config(w: dict, taskset: Path, data_dir: Path | None, seed: int = 0
                    num_turns=w.get("turns", 1), rollout_buffer_size=w["rbs"], logging_steps=1, eval_interval=0)
     if w.get("turns", 1) > 1:
         trainer.update(early_termination_threshold=None, joint_mode="aligned")
+    agents = {"agent_model": str(MODELS / w["model"]), "num_agents": 2}
+    if "compute_dtype" in trainer_over:  # an agents setting, carried by the mode like the trainer ones
+        trainer_over = dict(trainer_over)
+        agents["compute_dtype"] = trainer_over.pop("compute_dtype")
     trainer.update(trainer_over)
     cfg = {"algorithm": "magrpo",
-           "agents": {"agent_model": str(MODELS / w["model"]), "num_agents": 2},
+           "agents": agents,
            "taskset": {"name": str(taskset), "num_items": w["items"]},
            "reward": {"name": "length_ratio"},
            "trainer": trainer,
