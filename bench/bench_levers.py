@@ -10,6 +10,8 @@ so machine drift cancels; the printed ratio is baseline / lever (> 1: the lever 
   weights' float32; numerics: greedy tokens agree, and per-token log-prob difference of the prefill logits.
 - prefill_shared: the decode loop prefilling each distinct prompt once (K samples share it) vs every row;
   HumanEval-length prompts (~230 tokens), `--rows` = 4 prompts x rows/4 samples, bf16 matmuls; tokens must be equal.
+- loss_shared_prompts: the policy loss forward + backward with each distinct prompt run once (its K completions on
+  its KV cache) vs one forward per row; HumanEval-length prompts, 4 prompts x rows/4 completions, bf16 autocast.
 - loss_bf16: the policy-gradient loss forward + backward under CPU autocast bfloat16 vs float32.
 - adamw_fused: fused AdamW step vs the for-each implementation.
 
@@ -78,13 +80,7 @@ def lever_decode_bf16(model, tok, a) -> dict:
 def lever_prefill_shared(model, tok, a) -> dict:
     from stages.agents.decode import sample
 
-    body = ("def has_close_elements(numbers, threshold):\n    \"\"\" Check if in given list of numbers, are any two "
-            "numbers closer to each other than given threshold.\n    >>> has_close_elements([1.0, 2.0], 0.5)\n"
-            "    False\n    \"\"\"\n") * 3
-    k = max(1, a.rows // 4)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": f"Task {i}. Complete this function:\n{body}"}],
-                                       tokenize=False, add_generation_prompt=True) for i in range(4) for _ in range(k)]
-    enc = tok(prompts, return_tensors="pt", padding=True)
+    enc = tok(_humaneval_like(tok, a.rows), return_tensors="pt", padding=True)
 
     def run(share):
         torch.manual_seed(0)
@@ -94,6 +90,45 @@ def lever_prefill_shared(model, tok, a) -> dict:
     tb, tl = interleave(lambda: run(False), lambda: run(True), a.repeats)
     same = bool(torch.equal(run(False), run(True)))
     return {"base_s": tb, "lever_s": tl, "prompt_tokens": enc["input_ids"].shape[1], "same_tokens": same}
+
+
+def _humaneval_like(tok, rows: int):
+    body = ("def has_close_elements(numbers, threshold):\n    \"\"\" Check if in given list of numbers, are any two "
+            "numbers closer to each other than given threshold.\n    >>> has_close_elements([1.0, 2.0], 0.5)\n"
+            "    False\n    \"\"\"\n") * 3
+    k = max(1, rows // 4)
+    return [tok.apply_chat_template([{"role": "user", "content": f"Task {i}. Complete this function:\n{body}"}],
+                                    tokenize=False, add_generation_prompt=True) for i in range(4) for _ in range(k)]
+
+
+def lever_loss_shared_prompts(model, tok, a) -> dict:
+    from stages.agents.decode import sample
+    from stages.agents.logprobs import sequence_logprobs
+
+    enc = tok(_humaneval_like(tok, a.rows), return_tensors="pt", padding=True)
+    torch.manual_seed(0)
+    new = sample(model, enc["input_ids"], enc["attention_mask"], a.tokens, 1.0, 50, 1.0, tok.eos_token_id,
+                 tok.pad_token_id, compute_dtype=torch.bfloat16)
+    prompts = [[t for t, m in zip(r, mk) if m] for r, mk in zip(enc["input_ids"].tolist(),
+                                                                enc["attention_mask"].tolist())]
+    comps = [[t for t in r if t != tok.pad_token_id] or [tok.eos_token_id] for r in new.tolist()]
+    model.train()
+
+    def run(share):
+        def go():
+            model.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = -sequence_logprobs(model, prompts, comps, tok.pad_token_id, share_prompts=share).mean()
+            loss.backward()
+            return loss.item()
+        return go
+
+    tb, tl = interleave(run(False), run(True), a.repeats)
+    l0, l1 = run(False)(), run(True)()
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    return {"base_s": tb, "lever_s": tl, "prompt_tokens": len(prompts[0]), "loss_per_row": round(l0, 4),
+            "loss_shared": round(l1, 4)}
 
 
 def _loss_inputs(model, tok, a):
@@ -149,7 +184,8 @@ def lever_adamw_fused(model, tok, a) -> dict:
     return {"base_s": tb, "lever_s": tl}
 
 
-LEVERS = {"decode_bf16": lever_decode_bf16, "prefill_shared": lever_prefill_shared, "loss_bf16": lever_loss_bf16, "adamw_fused": lever_adamw_fused}
+LEVERS = {"decode_bf16": lever_decode_bf16, "prefill_shared": lever_prefill_shared,
+          "loss_shared_prompts": lever_loss_shared_prompts, "loss_bf16": lever_loss_bf16, "adamw_fused": lever_adamw_fused}
 
 
 def main() -> int:

@@ -1,5 +1,7 @@
 """Batched sequence log-probs against the generation's own raw logits, on the tiny model."""
 
+import functools
+
 import pytest
 import torch
 
@@ -192,3 +194,41 @@ def test_loss_on_padding_quirk_equals_the_reference_loss_and_gradient(tiny):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
     plain, ntok_plain = policy_loss(model, nodes, pad)
     assert ntok_plain == 10 and quirk.item() != pytest.approx(plain.item(), abs=1e-6)
+
+
+@pytest.mark.parametrize("lengths", [[5, 1, 9, 3, 7, 2, 6], [1, 1, 1, 1, 1, 1, 1], [4, 0, 2, 4, 3, 1, 2]])
+def test_rows_sharing_a_prompt_run_it_once_with_the_same_values_and_gradients(tiny, monkeypatch, lengths):
+    """A node's K completions share one forward over their prompt (its KV cache copied to the K rows): the
+    log-probs and every parameter's gradient equal one forward per row; the prompt pass sees the distinct prompts
+    only; rows in any order, prompts of different lengths (left pads), empty and one-token completions."""
+    model, tok = tiny
+    P = [tok(p).input_ids for p in PROMPTS]
+    order = [2, 0, 1, 2, 0, 2, 1]
+    prompts = [P[i] for i in order]
+    g = torch.Generator().manual_seed(len(lengths) + sum(lengths))
+    comps = [torch.randint(3, len(tok) - 1, (n,), generator=g).tolist() for n in lengths]
+    weights = torch.arange(1.0, 8.0)
+    model.train()
+    out = {}
+    for share in (False, True):
+        model.zero_grad(set_to_none=True)
+        seen = []
+        real = type(model).forward
+
+        @functools.wraps(real)
+        def counted(self, *a, **k):
+            seen.append(k["input_ids"].shape)
+            return real(self, *a, **k)
+
+        monkeypatch.setattr(type(model), "forward", counted)
+        seq = sequence_logprobs(model, prompts, comps, tok.pad_token_id, share_prompts=share)
+        monkeypatch.undo()
+        (seq * weights).sum().backward()
+        out[share] = seq.detach(), [p.grad.clone() for p in model.parameters()], seen
+    model.eval()
+    (s0, g0, seen0), (s1, g1, seen1) = out[False], out[True]
+    assert len(seen0) == 1 and seen1[0][0] == 3  # 3 distinct prompts in the shared prompt pass
+    assert len(seen1) == (2 if max(lengths) > 1 else 1)
+    torch.testing.assert_close(s1, s0, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * float(b.abs().max()) + 1e-9)

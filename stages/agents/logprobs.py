@@ -1,11 +1,13 @@
 """Batched sequence log-probabilities: one padded, masked forward for many completions.
 
 log π(a|h) of a completion is the **sum** of its token log-probs given the prompt (never
-length-normalized, as in CoMLRL 1.4.3). Prompts are left-padded and completions right-padded into one
+length-normalized, as in CoMLRL 1.4.3). Rows that repeat a prompt (a node's K samples) share one forward over it. Prompts are left-padded and completions right-padded into one
 batch `[B, P + C]`; position ids skip the left pads; logits at positions P-1 .. P+C-2 predict
 the completion tokens; tokens past each completion's length are masked out (so pads after EOS
 never enter the loss).
 """
+
+import inspect
 
 import torch
 
@@ -39,17 +41,81 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def sequence_logprobs(model, prompts: list[list[int]], completions: list[list[int]], pad_id: int,
-                      return_tokens: bool = False):
-    """Sum of completion-token log-probs per sequence: [B] (and [B, C] token values, masked to 0)."""
+                      return_tokens: bool = False, share_prompts: bool = True):
+    """Sum of completion-token log-probs per sequence: [B] (and [B, C] token values, masked to 0).
+
+    `share_prompts`: when rows repeat a prompt (a node's K completions), run each distinct prompt through the model
+    once and its K completions on top of its cache (`_shared_prompt_logits`); the same values and gradients as
+    one forward per row, with the prompt's compute and activations paid once instead of K times.
+    """
     device = next(model.parameters()).device
-    ids, attn, cmask, P = pad_batch(prompts, completions, pad_id)
-    ids, attn, cmask = ids.to(device), attn.to(device), cmask.to(device)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    C = cmask.shape[1]
-    # Input drops the last token; its last C positions (P-1 .. P+C-2) predict the completion tokens,
-    # so only those C positions go through the LM head (logits_to_keep).
-    logits = model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1], position_ids=pos[:, :-1],
-                   use_cache=False, logits_to_keep=C).logits[:, -C:]
-    tok = token_logprobs(logits, ids[:, P:P + C]) * cmask
+    groups = _prompt_groups(prompts) if share_prompts and _shares(model) else None
+    if groups is not None:
+        logits, targets, cmask = _shared_prompt_logits(model, prompts, completions, pad_id, groups, device)
+    else:
+        ids, attn, cmask, P = pad_batch(prompts, completions, pad_id)
+        ids, attn, cmask = ids.to(device), attn.to(device), cmask.to(device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        C = cmask.shape[1]
+        # Input drops the last token; its last C positions (P-1 .. P+C-2) predict the completion tokens,
+        # so only those C positions go through the LM head (logits_to_keep).
+        logits = model(input_ids=ids[:, :-1], attention_mask=attn[:, :-1], position_ids=pos[:, :-1],
+                       use_cache=False, logits_to_keep=C).logits[:, -C:]
+        targets = ids[:, P:P + C]
+    tok = token_logprobs(logits, targets) * cmask
     seq = tok.sum(-1)
     return (seq, tok) if return_tokens else seq
+
+
+_SHARING_FAMILIES = {"qwen2", "llama", "mistral"}  # causal LMs whose cache + mask path is tested equal (tests)
+
+
+def _shares(model) -> bool:
+    cfg = getattr(model, "config", None)
+    return getattr(cfg, "model_type", None) in _SHARING_FAMILIES
+
+
+def _cache_kwarg(model) -> str:
+    """The forward's name for a KV cache: 'cache' in newer transformers 5 releases, 'past_key_values' before."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # (PEFT wraps the model)
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def _prompt_groups(prompts: list[list[int]]) -> tuple[list[list[int]], list[int]] | None:
+    """(distinct prompts, each row's index into them), or None when no prompt repeats."""
+    index: dict[tuple, int] = {}
+    inverse = [index.setdefault(tuple(p), len(index)) for p in prompts]
+    if len(index) == len(prompts):
+        return None
+    return [list(p) for p in index], inverse
+
+
+def _shared_prompt_logits(model, prompts, completions, pad_id: int, groups, device):
+    """Logits predicting each completion token [B, C, V], the tokens [B, C] and their mask, with every distinct prompt
+    run once: pass 1 over the U left-padded prompts keeps their KV cache and the last position's logits (they predict
+    each completion's first token); the cache is then copied to the B rows (autograd sums the K rows' gradients
+    back into their prompt) and pass 2 runs the right-padded completions (minus their last token) on top of it."""
+    uniq, inverse = groups
+    ids_p, attn_p, _, P = pad_batch(uniq, [[]] * len(uniq), pad_id)
+    ids_p, attn_p = ids_p[:, :P].to(device), attn_p[:, :P].to(device)
+    pos_p = (attn_p.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids_p, attention_mask=attn_p, position_ids=pos_p, use_cache=True, logits_to_keep=1)
+    inv = torch.tensor(inverse, dtype=torch.long, device=device)
+    B, C = len(completions), max(1, max(len(c) for c in completions))
+    targets = torch.full((B, C), pad_id, dtype=torch.long)
+    cmask = torch.zeros((B, C), dtype=torch.bool)
+    for b, c in enumerate(completions):
+        if c:
+            targets[b, :len(c)] = torch.as_tensor(c, dtype=torch.long)
+            cmask[b, :len(c)] = True
+    targets, cmask = targets.to(device), cmask.to(device)
+    logits = out.logits[:, -1:][inv]  # [B, 1, V]
+    if C > 1:
+        cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+        cache.batch_select_indices(inv)
+        attn = torch.cat([attn_p[inv], cmask[:, :-1].long()], 1)  # [B, P + C - 1]
+        pos = pos_p[inv][:, -1:] + torch.arange(1, C, device=device)  # completion positions follow the prompt's
+        rest = model(input_ids=targets[:, :-1], attention_mask=attn, position_ids=pos, use_cache=True,
+                     **{_cache_kwarg(model): cache}).logits  # [B, C - 1, V]
+        logits = torch.cat([logits, rest], 1)
+    return logits, targets, cmask

@@ -8,7 +8,8 @@ completions gives the summed completion log-probs, and
     loss = (1/|mb|) Σ_samples (1/K) Σ_k −log π(c_k | prompt) · A_k
 
 then zero_grad → backward → AdamW step. No ratio, clipping or entropy bonus (the reference's
-REINFORCE-style update). A non-finite loss raises instead of being skipped. By default
+REINFORCE-style update); the K completions of a node share one forward over their prompt
+(`sequence_logprobs`). A non-finite loss raises instead of being skipped. By default
 (`loss_on_padding`) the completion tokens are CoMLRL's: the node's padded rows minus their last token.
 """
 
@@ -64,13 +65,14 @@ def rows_loss(model, rows: list[tuple], pad_id: int) -> torch.Tensor:
 
 
 def chunk_rows(rows: list[tuple], max_tokens: int | None) -> list[list[tuple]]:
-    """The rows in forward-sized chunks: all at once (None), else sorted by length and cut so that each chunk's
-    padded size (rows × its longest prompt + completion) stays within `max_tokens` (a longer row goes alone).
-    Sorting also pads less: each chunk pads to its own longest row."""
+    """The rows in forward-sized chunks: all at once (None), else sorted and cut so that each chunk's padded size
+    (rows × its longest prompt + completion) stays within `max_tokens` (a longer row goes alone). Sorted by prompt
+    length, then prompt, then completion length: a node's K completions stay together (their prompt then runs once,
+    `sequence_logprobs`) and each chunk pads to its own longest row."""
     if not max_tokens:
         return [rows]
     out, cur, longest = [], [], 0
-    for r in sorted(rows, key=lambda r: len(r[0]) + len(r[1])):
+    for r in sorted(rows, key=lambda r: (len(r[0]), r[0], len(r[1]))):
         n = len(r[0]) + len(r[1])
         if cur and max(longest, n) * (len(cur) + 1) > max_tokens:
             out.append(cur)
