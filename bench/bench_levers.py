@@ -12,6 +12,9 @@ so machine drift cancels; the printed ratio is baseline / lever (> 1: the lever 
   HumanEval-length prompts (~230 tokens), `--rows` = 4 prompts x rows/4 samples, bf16 matmuls; tokens must be equal.
 - loss_shared_prompts: the policy loss forward + backward with each distinct prompt run once (its K completions on
   its KV cache) vs one forward per row; HumanEval-length prompts, 4 prompts x rows/4 completions, bf16 autocast.
+- decode_static / decode_compile: the decode loop's static-shape step (the form a CUDA graph replays) and that step
+  through torch.compile, vs the dynamic step; tokens must be equal. decode_compile also reports the first call
+  (which compiles) and a call after the weights changed (as after an update).
 - loss_bf16: the policy-gradient loss forward + backward under CPU autocast bfloat16 vs float32.
 - adamw_fused: fused AdamW step vs the for-each implementation.
 
@@ -90,6 +93,46 @@ def lever_prefill_shared(model, tok, a) -> dict:
     tb, tl = interleave(lambda: run(False), lambda: run(True), a.repeats)
     same = bool(torch.equal(run(False), run(True)))
     return {"base_s": tb, "lever_s": tl, "prompt_tokens": enc["input_ids"].shape[1], "same_tokens": same}
+
+
+def _step_mode(model, tok, a, mode: str) -> dict:
+    from stages.agents.decode import sample
+
+    enc = batch(tok, a.rows)
+
+    def run(m):
+        def go():
+            torch.manual_seed(0)
+            return sample(model, enc["input_ids"], enc["attention_mask"], a.tokens, 1.0, 50, 1.0, None,
+                          tok.pad_token_id, step_mode=m)
+        return go
+
+    t0 = time.perf_counter()
+    first = run(mode)()
+    first_s = time.perf_counter() - t0
+    tb, tl = interleave(run("dynamic"), run(mode), a.repeats)
+    out = {"base_s": tb, "lever_s": tl, "first_call_s": round(first_s, 1),
+           "same_tokens": bool(torch.equal(first, run("dynamic")()))}
+    if mode == "compile":  # new weights, as after an update
+        saved = [p.detach().clone() for p in model.parameters()]
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 1e-4)
+        t0 = time.perf_counter()
+        run(mode)()
+        out["after_new_weights_s"] = round(time.perf_counter() - t0, 1)
+        with torch.no_grad():
+            for p, v in zip(model.parameters(), saved):
+                p.copy_(v)
+    return out
+
+
+def lever_decode_static(model, tok, a) -> dict:
+    return _step_mode(model, tok, a, "static")
+
+
+def lever_decode_compile(model, tok, a) -> dict:
+    return _step_mode(model, tok, a, "compile")
 
 
 def _humaneval_like(tok, rows: int):
@@ -185,7 +228,8 @@ def lever_adamw_fused(model, tok, a) -> dict:
 
 
 LEVERS = {"decode_bf16": lever_decode_bf16, "prefill_shared": lever_prefill_shared,
-          "loss_shared_prompts": lever_loss_shared_prompts, "loss_bf16": lever_loss_bf16, "adamw_fused": lever_adamw_fused}
+          "loss_shared_prompts": lever_loss_shared_prompts, "decode_static": lever_decode_static,
+          "decode_compile": lever_decode_compile, "loss_bf16": lever_loss_bf16, "adamw_fused": lever_adamw_fused}
 
 
 def main() -> int:

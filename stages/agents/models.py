@@ -293,7 +293,10 @@ def save_checkpoint(policies, out: Path, state: dict) -> None:
         # in-process agents with their own models: write them side by side (serialising and file writes release
         # the GIL: 2 agents of 135 M parameters with optimizer state 1.2 -> 0.7 s); workers already write in parallel
         with ThreadPoolExecutor(policies.n) as pool:
-            list(pool.map(lambda i: save_agent(policies.agents[i], out, i), range(policies.n)))
+            futures = [pool.submit(save_agent, policies.agents[i], out, i) for i in range(policies.n)]
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:  # every agent's write has ended; raise the most telling failure (a full disk says so by name)
+            raise next((e for e in errors if isinstance(e, OSError)), errors[0])
     else:  # LoRA agents share one model (switched per agent), worker groups run the op in each worker
         policies.run(save_agent, [(out, i) for i in range(policies.n)])
     if getattr(policies, "critic", None) is not None:  # MAAC's central critic
