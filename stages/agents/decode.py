@@ -204,7 +204,8 @@ def _graph_step(static_step, kc, vc, tok, slot, dev, P: int):
 
 def _compiled_step(fn):
     """torch.compile of this call's static step (kept to measure it: on a CPU it loses — the first call compiles for
-    25-65 s, steady calls ran 2x slower than the dynamic step, and changed weights recompile; bench_levers)."""
+    25-65 s, steady calls ran 2x slower than the dynamic step, and every new batch shape (rows, prompt length + new
+    tokens: nearly every rollout call) compiles again; bench_levers decode_compile)."""
     return torch.compile(fn, dynamic=False)
 
 
