@@ -140,6 +140,11 @@ class AgentsConfig(_Strict):
                              "weights' own; bfloat16 = half the bytes per decoded token and faster loss passes on "
                              "CPUs with AVX512-BF16/AMX and on GPUs; auto = bfloat16 where the device has native "
                              "bf16 matmuls, else model. Changes samples and updates slightly (new cache keys).")
+    decode_step: Literal["auto", "dynamic", "static", "cuda_graph"] = Field(
+        "auto", description="How the KV-cache loop runs each decode step (the same tokens every way): dynamic = "
+                            "attention over the filled cache; static = fixed shapes, the whole cache masked; "
+                            "cuda_graph = the static step captured once per call as a CUDA graph and replayed per "
+                            "token (CUDA only); auto = cuda_graph on a CUDA device, else dynamic.")
     prompt_overflow: Literal["error", "truncate"] = Field(
         "error", description="A prompt that leaves no room for max_new_tokens in the model's context: error (naming "
                              "it) | truncate (keep its last tokens, with a warning).")

@@ -166,3 +166,24 @@ def test_compiled_static_step_samples_the_same_tokens(tiny_model_dir):
     b = FD.sample(model, enc.input_ids, enc.attention_mask, 8, 1.0, 50, 1.0, None, tok.pad_token_id,
                   step_mode="compile")
     assert torch.equal(a, b)
+
+
+def test_decode_step_setting_reaches_the_loop_and_never_the_keys(tiny_model_dir, tmp_path):
+    """agents.decode_step: validated by name, carried to the loop (a static step draws the same rollout rows), and
+    left out of the keys (every mode samples the same tokens)."""
+    from dataclasses import replace
+
+    from schemas.config import ConfigError, validate_config
+    from tests.conftest import small_config
+
+    base = small_config(tmp_path)
+    default = SamplingConfig.of(validate_config(base), 2)
+    static = SamplingConfig.of(validate_config({**base, "agents": {**base["agents"], "decode_step": "static"}}), 2)
+    assert default.decode_step == "auto" and static.decode_step == "static"
+    assert static.identity() == default.identity() and "decode_step" not in default.identity()
+    with pytest.raises((ConfigError, ValueError), match="decode_step"):
+        validate_config({**base, "agents": {**base["agents"], "decode_step": "graphs"}})
+    model, tok = load_agent(tiny_model_dir)
+    s = SamplingConfig(3, 12, 0.8, 0.9, 50)
+    rows = generate_for_agent(model, tok, PROMPTS, 3, s, seed=7)
+    assert generate_for_agent(model, tok, PROMPTS, 3, replace(s, decode_step="static"), seed=7) == rows

@@ -40,13 +40,16 @@ class SamplingConfig:
     temperature: float
     top_p: float
     top_k: int | None
-    backend: str = "auto"  # auto: the KV-cache loop (stages/fast_decode.py) where the model supports it; hf: generate
+    backend: str = "auto"  # auto: the KV-cache loop (stages/agents/decode.py) where the model supports it; hf: generate
     prompt_overflow: str = "error"  # a prompt + max_new_tokens beyond the model's context: error | truncate (left)
     compute_dtype: str = "model"  # the KV-cache loop's compute dtype (model | bfloat16 | float16), resolved from auto
+    decode_step: str = "auto"  # how the KV-cache loop runs a decode step (decode.STEP_MODES); never in keys
 
     def identity(self) -> dict:
-        """What keys depend on (default overflow policy and decode dtype are left out: older keys stay valid)."""
+        """What keys depend on (default overflow policy and decode dtype are left out: older keys stay valid; the
+        decode step mode never enters: every mode draws the same tokens)."""
         d = dict(self.__dict__)
+        d.pop("decode_step")
         if d.get("prompt_overflow") == "error":
             d.pop("prompt_overflow")
         if d.get("compute_dtype") == "model":
@@ -59,7 +62,7 @@ class SamplingConfig:
         t = cfg.trainer
         a = cfg.agents
         return cls(k, t.max_new_tokens, t.temperature, t.top_p, t.top_k, a.generation_backend, a.prompt_overflow,
-                   fast_decode.resolve_compute_dtype(a.compute_dtype, a.device))
+                   fast_decode.resolve_compute_dtype(a.compute_dtype, a.device), a.decode_step)
 
     def with_k(self, k: int) -> "SamplingConfig":
         """The same settings with k samples per prompt."""
@@ -153,7 +156,8 @@ def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: Samplin
     if sampling.backend == "auto" and fast_decode.supports(model):
         new = fast_decode.sample(model, input_ids, attn, sampling.max_new_tokens, sampling.temperature,
                                  sampling.top_k, sampling.top_p, tok.eos_token_id, tok.pad_token_id, beat.tick,
-                                 None if sampling.compute_dtype == "model" else getattr(torch, sampling.compute_dtype))
+                                 None if sampling.compute_dtype == "model" else getattr(torch, sampling.compute_dtype),
+                                 step_mode=sampling.decode_step)
     else:  # transformers' generate expands each prompt k times itself (the same rows as repeat_interleave)
         P = input_ids.shape[1]
         out = model.generate(input_ids=input_ids[::k], attention_mask=attn[::k], num_return_sequences=k,
