@@ -110,6 +110,16 @@ def schema_problem(uri: str) -> str | None:
             f"the full mlflow of the version that wrote it, or log new runs into a fresh data dir")
 
 
+_METRIC_REFUSED = re.compile(r"[^\w\-. :/]")
+
+
+def metric_name(key: str) -> str:
+    """A metric key as MLflow accepts it (letters, digits, `_ - . : /` and spaces): `@` becomes `_at_` (so
+    `eval/pass@1` is logged as `eval/pass_at_1`), anything else refused becomes `_`. The stored metrics tables
+    and run summaries keep the original names."""
+    return _METRIC_REFUSED.sub(lambda m: "_at_" if m.group() == "@" else "_", key)
+
+
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     """{'a': {'b': 1}} -> {'a.b': 1}."""
     out = {}
@@ -190,7 +200,7 @@ class Tracker:
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        self._metrics += [Metric(r["key"], float(r["value"]), ts, int(r["env_step"])) for r in rows]
+        self._metrics += [Metric(metric_name(r["key"]), float(r["value"]), ts, int(r["env_step"])) for r in rows]
         if flush:
             self.flush()
 

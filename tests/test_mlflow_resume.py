@@ -66,3 +66,20 @@ def test_mlflow_writes_retry_while_the_database_is_locked(tmp_path, monkeypatch)
 
     with pytest.raises(RuntimeError, match="no such table"):  # other errors are not retried
         T.Tracker._call(broken)
+
+
+def test_metric_names_mlflow_refuses_are_logged_under_safe_names(tmp_path):
+    """The coding environment's `eval/pass@1`: MLflow refuses `@` in a metric name (the whole batch failed and
+    with it the run); the tracker logs it as `eval/pass_at_1` and other refused characters as `_`."""
+    import flows.tracking as T
+
+    assert T.metric_name("eval/pass@1") == "eval/pass_at_1"
+    assert T.metric_name("eval_before/main/defines-entry rate:x.y") == "eval_before/main/defines-entry rate:x.y"
+    assert T.metric_name("reward(mean)") == "reward_mean_"
+    tracker = T.tracker_for(validate_config(small_config(tmp_path)))
+    run_id = tracker.start("names", {}, {})
+    tracker.log_metrics([{"key": "eval/pass@1", "value": 0.5, "env_step": 3},
+                         {"key": "eval_before/pass@5", "value": 0.25, "env_step": 0}])
+    tracker.finish(True)
+    logged = tracker.client.get_run(run_id).data.metrics
+    assert logged == {"eval/pass_at_1": 0.5, "eval_before/pass_at_5": 0.25}
