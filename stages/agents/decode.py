@@ -9,8 +9,9 @@ samples from the current policy):
    prompt, and a tree's K children share their parent's prompt: each is prefilled once, its keys/values then
    copied to its K rows), writing into a cache tensor sized for prompt + `max_new_tokens` (never reallocated);
 2. decode: per new token one pass over the layers with fused q/k/v and gate/up matmuls, attention
-   over the filled part of the cache (prompt pads masked), then the same logits warpers as
-   transformers' sampling path in the same order (temperature → top-k → top-p) and one
+   over the filled part of the cache (prompt pads masked; on a GPU the step runs with fixed shapes — the whole
+   cache, masked — captured once per call as a CUDA graph and replayed, `STEP_MODES`), then the same logits
+   warpers as transformers' sampling path in the same order (temperature → top-k → top-p) and one
    `torch.multinomial` draw from the global RNG;
 3. a sequence that sampled EOS is continued with pad tokens; the loop stops when every sequence has
    finished or `max_new_tokens` is reached — `generate`'s output convention.
@@ -148,38 +149,32 @@ STEP_MODES = {
 }
 
 
-def _stepper(mode: str, dev: torch.device, static_step, kc, vc, B: int, P: int):
-    """A decode step `step(tokens [B], slot: int) -> logits [B, V]` for `mode`, or None for the dynamic one."""
+def _stepper(mode: str, dev: torch.device, dynamic_step, static_step, B: int, P: int):
+    """The decode step `step(tokens [B], slot: int) -> logits [B, V]` of `mode`: `dynamic_step` itself, or the
+    `static_step(tokens, slot tensor)` fed through a slot buffer (plain, compiled or replayed as a CUDA graph)."""
     if mode == "auto":
         mode = "cuda_graph" if dev.type == "cuda" else "dynamic"
     if mode not in STEP_MODES:
         raise ValueError(f"step_mode {mode!r}: expected auto or one of {sorted(STEP_MODES)}")
     if mode == "dynamic":
-        return None
-    slot = torch.zeros(1, dtype=torch.long, device=dev)
-    tok = torch.zeros(B, dtype=torch.long, device=dev)
-    if mode == "static":
-        def step(nxt, s):
-            slot.fill_(s)
-            return static_step(nxt, slot, kc, vc)
-        return step
-    if mode == "compile":
-        compiled = _compiled_step(static_step)
-
-        def step(nxt, s):
-            slot.fill_(s)
-            return compiled(nxt, slot, kc, vc)
-        return step
-    if dev.type != "cuda":
+        return dynamic_step
+    if mode == "cuda_graph" and dev.type != "cuda":
         raise ValueError("step_mode 'cuda_graph' needs a CUDA device")
-    try:
-        return _graph_step(static_step, kc, vc, tok, slot, dev, P)
-    except RuntimeError as err:  # a driver or kernel that cannot be captured: the same maths, step by step
-        log.warning("CUDA-graph capture of the decode step failed (%s); decoding without it", err)
-        return _stepper("static", dev, static_step, kc, vc, B, P)
+    slot = torch.zeros(1, dtype=torch.long, device=dev)
+    if mode == "cuda_graph":
+        try:
+            return _graph_step(static_step, torch.zeros(B, dtype=torch.long, device=dev), slot, dev, P)
+        except RuntimeError as err:  # a driver or kernel that cannot be captured: the same maths, step by step
+            log.warning("CUDA-graph capture of the decode step failed (%s); decoding without it", err)
+    run = _compiled_step(static_step) if mode == "compile" else static_step
+
+    def step(nxt, s):
+        slot.fill_(s)
+        return run(nxt, slot)
+    return step
 
 
-def _graph_step(static_step, kc, vc, tok, slot, dev, P: int):
+def _graph_step(static_step, tok, slot, dev, P: int):
     """The static step captured as a CUDA graph that reads the `tok` / `slot` buffers; replayed per token."""
     # capture: warm up on a side stream (the warm-up writes the first decode slot, which every replay rewrites
     # before attending to it), then record one step reading the static `tok` / `slot` buffers
@@ -188,11 +183,11 @@ def _graph_step(static_step, kc, vc, tok, slot, dev, P: int):
     side.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(side):
         for _ in range(2):
-            static_step(tok, slot, kc, vc)
+            static_step(tok, slot)
     torch.cuda.current_stream(dev).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        logits = static_step(tok, slot, kc, vc)
+        logits = static_step(tok, slot)
 
     def step(nxt, s):
         tok.copy_(nxt)
@@ -291,7 +286,11 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
 
         return layers_forward(x, c, s, attend)
 
-    def static_step(tok, slot, kc, vc):
+    def dynamic_step(tok, slot: int):
+        """One decode step: token ids tok [B] at cache slot `slot`, attention over the slots filled so far."""
+        return forward(F.embedding(tok[:, None], emb), slot, 1, key_ok[:, None, None, :slot + 1], None, kc, vc)
+
+    def static_step(tok, slot):
         """One decode step with shapes that never change (CUDA-graph / compile friendly): token ids tok [B] at the
         cache slot given as a 1-element tensor `slot`; attention over all L slots, masked to the filled ones."""
         c, s = cos.index_select(2, slot), sin.index_select(2, slot)
@@ -319,7 +318,7 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     # --- decode
     out = torch.full((B, T), pad_token_id if pad_token_id is not None else 0, dtype=torch.long, device=dev)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
-    step = _stepper(step_mode, dev, static_step, kc, vc, B, P)
+    step = _stepper(step_mode, dev, dynamic_step, static_step, B, P)
     t = 0
     while True:
         probs = _warp(logits.float(), temperature, top_k, top_p).softmax(dim=-1)
@@ -334,9 +333,5 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
             on_step(t)
         if t == T or bool(done.all()):
             break
-        if step is None:
-            logits = forward(F.embedding(nxt[:, None], emb), P + t - 1, 1, key_ok[:, None, None, :P + t], None, kc,
-                             vc)
-        else:
-            logits = step(nxt, P + t - 1)
+        logits = step(nxt, P + t - 1)
     return out[:, :t]

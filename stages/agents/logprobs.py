@@ -1,10 +1,10 @@
 """Batched sequence log-probabilities: one padded, masked forward for many completions.
 
 log π(a|h) of a completion is the **sum** of its token log-probs given the prompt (never
-length-normalized, as in CoMLRL 1.4.3). Rows that repeat a prompt (a node's K samples) share one forward over it. Prompts are left-padded and completions right-padded into one
+length-normalized, as in CoMLRL 1.4.3). Prompts are left-padded and completions right-padded into one
 batch `[B, P + C]`; position ids skip the left pads; logits at positions P-1 .. P+C-2 predict
 the completion tokens; tokens past each completion's length are masked out (so pads after EOS
-never enter the loss).
+never enter the loss). Rows that repeat a prompt (a node's K samples) share one forward over it.
 """
 
 import inspect
@@ -101,14 +101,9 @@ def _shared_prompt_logits(model, prompts, completions, pad_id: int, groups, devi
     pos_p = (attn_p.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids_p, attention_mask=attn_p, position_ids=pos_p, use_cache=True, logits_to_keep=1)
     inv = torch.tensor(inverse, dtype=torch.long, device=device)
-    B, C = len(completions), max(1, max(len(c) for c in completions))
-    targets = torch.full((B, C), pad_id, dtype=torch.long)
-    cmask = torch.zeros((B, C), dtype=torch.bool)
-    for b, c in enumerate(completions):
-        if c:
-            targets[b, :len(c)] = torch.as_tensor(c, dtype=torch.long)
-            cmask[b, :len(c)] = True
+    targets, _, cmask, _ = pad_batch([[]] * len(completions), completions, pad_id)  # right-padded completions only
     targets, cmask = targets.to(device), cmask.to(device)
+    C = cmask.shape[1]
     logits = out.logits[:, -1:][inv]  # [B, 1, V]
     if C > 1:
         cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
