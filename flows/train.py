@@ -31,7 +31,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import quote
 
 from artifacts import ArtifactError, ArtifactRef, ArtifactStore
-from flows.tracking import CurvePNG, Tracker, tracker_for
+from flows.tracking import Tracker, reward_curve_svg, tracker_for
 from schemas.config import ConfigError, RunConfig, load_config
 from stages.loops import context as C
 from stages.loops import run as R
@@ -194,6 +194,7 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
                 resumed = dead[-1]
                 for rid in dead[:-1]:
                     tracker.mark_killed(rid)
+        tracker.record("taskset", taskset, tag=True)  # (a new run gets its queued tags with its params, in one call)
         run_id = tracker.start(tr.run_name or f"{algorithm}-{run_key[:8]}",
                                {"coopflow.algorithm": algorithm, "coopflow.run_key": run_key, **prefect_tags},
                                _public(cfg), run_id=continue_run or resumed)
@@ -206,7 +207,6 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
                     len(ctx.plan.segments), run_key, run_id)
         for w in ctx.plan.warnings:
             logger.warning(w)
-        tracker.record("taskset", taskset, tag=True)
         tracker.log_dataset(f"taskset-{cfg.taskset.name}", taskset)
         tracker.flush()
         summary: dict[str, Any] = {"algorithm": algorithm, "run_key": run_key, "mlflow_run_id": run_id,
@@ -245,7 +245,6 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
             summary.update(R.training_summary(store, trained))
 
         # --- evaluate
-        curve = CurvePNG(steps_rows, f"{algorithm} {run_key[:8]}") if tracker.enabled and steps_rows else None
         if "evaluate" in stages:
             ev_ref, ev = evaluate_task(quote(ctx), ckpt, "evaluate" in refresh)
             tracker.record("eval", ev_ref, tag=True)
@@ -271,7 +270,7 @@ def run_training(algorithm: str, config: dict | None = None, config_path: str | 
                                       updates=len(vals), source_run_key=rescore_from)
 
         summary["executed"] = ctx.session.executed()
-        _log_run_files(tracker, store, cfg, summary, steps_rows, curve)
+        _log_run_files(tracker, store, cfg, summary, steps_rows, f"{algorithm} {run_key[:8]}")
         tracker.log_metrics([{"key": "final_model_saved", "value": 1.0, "env_step": env_steps}])
         ok = True
         return summary
@@ -296,14 +295,14 @@ def _check_continuation(tracker: Tracker, run_id: str, ends: list[str]) -> None:
 
 
 def _log_run_files(tracker: Tracker, store: ArtifactStore, cfg: RunConfig, summary: dict, steps: list[dict],
-                   curve: "CurvePNG | None") -> None:
+                   title: str) -> None:
     if not tracker.enabled:
         return
     files: dict[str, Any] = {"summary.json": summary, "config.json": _public(cfg),
                              "lineage.json": tracker.lineage}
-    if curve is not None and curve.result() is not None:
-        files["reward_curve.png"] = curve.result()
     if steps:
+        files["reward_curve.svg"] = reward_curve_svg([r["env_step"] for r in steps], [r["reward_mean"] for r in steps],
+                                                     title).encode()
         last = store.find("rollouts", steps[-1]["rollouts"])
         if last is not None and cfg.tracking.sample_rollouts:
             keep = ("item_id", "agent", "sample", "prompt", "completion_text", "length", "finished")

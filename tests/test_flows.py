@@ -37,7 +37,7 @@ def test_flow_smoke_and_mlflow(first_run):
     assert run.data.tags["lineage.checkpoint.final"].startswith("checkpoint/")
     assert run.data.tags["lineage.taskset"].startswith("taskset/")
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"reward_curve.png", "rollout_samples.json", "lineage.json", "summary.json"} <= names
+    assert {"reward_curve.svg", "rollout_samples.json", "lineage.json", "summary.json"} <= names
     # run artifacts live under the data dir, not in ./mlruns of the working directory
     art = __import__("pathlib").Path(cfg["data_dir"]) / "mlartifacts"
     assert run.info.artifact_uri.startswith(art.as_uri())

@@ -154,8 +154,8 @@ def test_coopflow_ui_shows_a_runs_metrics_lineage_and_artifacts(prefect_harness,
         overview = _dom(chromium, f"{page}/runs/{run_id}", "turn_1/reward_mean", "lineage.taskset")
         for needle in (name, "turn_1/reward_mean", "eval/turn_1/reward_mean", "lineage.taskset", "Finished"):
             assert needle in overview, needle
-        artifacts = _dom(chromium, f"{page}/runs/{run_id}/artifacts", "reward_curve.png")
-        for needle in ("reward_curve.png", "lineage.json", "rollout_samples.json", "summary.json"):
+        artifacts = _dom(chromium, f"{page}/runs/{run_id}/artifacts", "reward_curve.svg")
+        for needle in ("reward_curve.svg", "lineage.json", "rollout_samples.json", "summary.json"):
             assert needle in artifacts, needle
     finally:
         ui.send_signal(signal.SIGTERM)  # `coopflow ui` stops its server (and the server's workers) on the way out
