@@ -220,10 +220,12 @@ class ArtifactStore:
             return existing
         return self._commit(kind, key, writer, rows=None, table=False)
 
-    def open_dir(self, ref: ArtifactRef) -> Path:
-        """Directory of a dir artifact after verifying every file against its manifest."""
+    def open_dir(self, ref: ArtifactRef, verify: bool = True) -> Path:
+        """Directory of a dir artifact after verifying every file against its manifest (`verify=False`: only
+        where it is, fetched from the remote when needed, for a caller that names it without reading it)."""
         root = self._local(ref)
-        self._check_files(root, ref, table=False)
+        if verify:
+            self._check_files(root, ref, table=False)
         return root
 
     @staticmethod

@@ -24,10 +24,12 @@ No `from __future__ import annotations` here: it breaks Prefect's parameter sche
 """
 
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.settings import get_current_settings
 from prefect.utilities.annotations import quote
 
 from artifacts import ArtifactError, ArtifactRef, ArtifactStore
@@ -39,6 +41,11 @@ from stages.agents.checkpoint import policy_key_of
 from stages.loops.keys import eval_key
 from stages.loops.segment import SegmentResult, train_segment
 from stages.tasks.taskset import build_taskset
+
+# Every flow here: prints logged, results returned in memory and never persisted (the artifact store holds what a run
+# makes). Naming the (unused) result storage spares each flow run three requests for the server's default storage.
+FLOW_OPTIONS: dict[str, Any] = dict(log_prints=True, persist_result=False,
+                                    result_storage=Path(get_current_settings().results.local_storage_path))
 
 STAGES = ("taskset", "train", "evaluate", "score", "critic")
 """Stages a flow run can be limited to with `stages=[...]`; 'score' re-scores stored rollouts."""
@@ -446,7 +453,7 @@ def _training_flow(algorithm: str, doc: str):
 
     train.__doc__ = doc
     train.__name__ = train.__qualname__ = f"train_{algorithm}"  # importable as flows.train:train_<algorithm>
-    return flow(name=f"train-{algorithm}", flow_run_name=_run_name, log_prints=True)(train)
+    return flow(name=f"train-{algorithm}", flow_run_name=_run_name, **FLOW_OPTIONS)(train)
 
 
 train_magrpo = _training_flow("magrpo", "MAGRPO: group-mean baseline.")
@@ -457,7 +464,7 @@ train_iac = _training_flow("iac", "IAC: independent actor-critic (a critic per a
 train_maac = _training_flow("maac", "MAAC: one centralized critic over the joint history.")
 
 
-@flow(name="train-magrpo-centralized", flow_run_name=_run_name, log_prints=True)
+@flow(name="train-magrpo-centralized", flow_run_name=_run_name, **FLOW_OPTIONS)
 def train_magrpo_centralized(config: dict | None = None, config_path: str | None = None,
                              overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
                              refresh: list[str] | None = None, rescore_from: str | None = None,
@@ -473,7 +480,7 @@ def train_magrpo_centralized(config: dict | None = None, config_path: str | None
                         continue_run)
 
 
-@flow(name="train-madpo", flow_run_name=_run_name, log_prints=True)
+@flow(name="train-madpo", flow_run_name=_run_name, **FLOW_OPTIONS)
 def train_madpo(config: dict | None = None, config_path: str | None = None,
                 overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
                 refresh: list[str] | None = None, show_progress: bool = False, rescore_from: str | None = None,
@@ -483,7 +490,7 @@ def train_madpo(config: dict | None = None, config_path: str | None = None,
     return run_preference("madpo", config, config_path, overrides, stages, refresh, show_progress)
 
 
-@flow(name="train-marlhf", flow_run_name=_run_name, log_prints=True)
+@flow(name="train-marlhf", flow_run_name=_run_name, **FLOW_OPTIONS)
 def train_marlhf(config: dict | None = None, config_path: str | None = None,
                  overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
                  refresh: list[str] | None = None, show_progress: bool = False, rescore_from: str | None = None,
@@ -496,7 +503,7 @@ def train_marlhf(config: dict | None = None, config_path: str | None = None,
 # --- iterative (online) MADPO / MARLHF: one subflow per round -----------------------------------
 
 
-@flow(name="preference-round", flow_run_name="round-{r}", log_prints=True, validate_parameters=False)
+@flow(name="preference-round", flow_run_name="round-{r}", **FLOW_OPTIONS, validate_parameters=False)
 def round_flow(ctx: Any, r: int, show_progress: bool = False) -> dict:  # ctx: a RunContext (Any: no schema)
     """One round: target + comparator candidates, aligned pairs (a replay shard), replay, training, eval."""
     from stages.loops import rounds as I
@@ -579,7 +586,7 @@ def run_iterative(algorithm: str, config: dict | None, config_path: str | None,
         parent.finish(ok)
 
 
-@flow(name="train-madpo-iter", flow_run_name=_run_name, log_prints=True)
+@flow(name="train-madpo-iter", flow_run_name=_run_name, **FLOW_OPTIONS)
 def train_madpo_iter(config: dict | None = None, config_path: str | None = None,
                      overrides: dict[str, Any] | list[str] | None = None, max_new_rounds: int | None = None,
                      show_progress: bool = False) -> dict:
@@ -587,7 +594,7 @@ def train_madpo_iter(config: dict | None = None, config_path: str | None = None,
     return run_iterative("madpo-iter", config, config_path, overrides, max_new_rounds, show_progress)
 
 
-@flow(name="train-marlhf-iter", flow_run_name=_run_name, log_prints=True)
+@flow(name="train-marlhf-iter", flow_run_name=_run_name, **FLOW_OPTIONS)
 def train_marlhf_iter(config: dict | None = None, config_path: str | None = None,
                       overrides: dict[str, Any] | list[str] | None = None, max_new_rounds: int | None = None,
                       show_progress: bool = False) -> dict:

@@ -156,7 +156,8 @@ def training_summary(store: ArtifactStore, trained: TrainResult) -> dict:
             "load_seconds": load_s, "env_steps_per_s": (env / train_s) if train_s > 0 else None,
             "seconds": {k.removesuffix("_s"): round(v, 3) for k, v in sorted(t.items())
                         if k in ("generate_s", "reward_s", "score_s", "update_s", "checkpoint_s", "eval_s")},
-            "checkpoint": str(store.open_dir(trained.checkpoint)),
+            # (named, not read: hashing its files here cost ~40 ms per run; whoever loads it verifies it)
+            "checkpoint": str(store.open_dir(trained.checkpoint, verify=False)),
             "segments_cached": [s.cached for s in trained.segments]}
 
 
