@@ -18,7 +18,9 @@ What one run does:
    (ephemeral Prefect server start, imports, MLflow DB creation excluded), then times
    flows.train.train_magrpo(config=...) and stages.loops.run.run_direct(cfg) on the same fresh work
    (same config and seed; new taskset file and data dir, so nothing is cached; --flow-repeats pairs,
-   median reported).
+   median reported). Besides wall differences (noisy: the training loop alone varies ±10 % run to run), it
+   reports the *accounted* overhead: per run, the wall time outside the stage functions both paths call
+   (flow: Prefect, MLflow, glue; direct: glue), flow minus direct, as a share of the flow's wall.
 4. prints a table and writes every raw result to --out.
 
 Metric definitions are coopflow's: env_steps = joint actions scored (peer: len(rewards_seen));
@@ -231,6 +233,43 @@ class TreeMeter:
                 "subprocess_cpu_s": round(self.kids_cpu, 2), "others_busy_cores": round(self.others_busy_cores, 2)}
 
 
+class StageClock:
+    """Wall time spent inside the stage functions both paths call (outermost calls only), so a run's time
+    *outside* them — Prefect, MLflow and the glue around the stages — is measured within that one run,
+    free of the run-to-run noise of the training loop that a flow-vs-direct difference carries."""
+
+    def __init__(self):
+        self.seconds, self._depth = 0.0, 0
+
+    def wrap(self, fn):
+        def timed(*a, **k):
+            self._depth += 1
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.seconds += time.perf_counter() - t
+        return timed
+
+    def install(self) -> None:
+        """Wrap the stages where flows.train and stages.loops.run look them up."""
+        import flows.train as FT
+        import stages.loops.context as LC
+        import stages.loops.run as LR
+
+        for mod, names in ((LR, ("build_taskset", "make_context", "evaluate_initial", "evaluate_checkpoint",
+                                 "train_segment", "training_summary")),
+                           (LC, ("resolve_sources", "make_context")), (FT, ("build_taskset", "train_segment"))):
+            for name in names:
+                setattr(mod, name, self.wrap(getattr(mod, name)))
+
+    def take(self) -> float:
+        s, self.seconds = self.seconds, 0.0
+        return s
+
+
 def child_flow(spec: dict) -> None:
     """Flow overhead: warm-up flow, then per pair a timed flow run and a timed direct run of the same fresh work."""
     os.environ["COOPFLOW_HOME"] = spec["home"]
@@ -247,6 +286,8 @@ def child_flow(spec: dict) -> None:
     from stages.loops.run import run_direct
 
     out: dict = {"torch_threads": torch.get_num_threads(), "pairs": []}
+    clock = StageClock()
+    clock.install()
     # As flows/cli.py: no heartbeat thread for a foreground run.
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         with TreeMeter() as m:
@@ -257,14 +298,16 @@ def child_flow(spec: dict) -> None:
             # Alternate which side runs first, so drift within a pair (caches, CPU clocks) cancels out.
             for side in (("flow", "direct") if i % 2 == 0 else ("direct", "flow")):
                 if side == "flow":
+                    clock.take()
                     with TreeMeter() as m:
                         flow = train_magrpo(config=pair["flow"])
-                    rec["flow"] = {"wall_s": m.wall, "meter": m.summary(), "summary": flow}
+                    rec["flow"] = {"wall_s": m.wall, "meter": m.summary(), "summary": flow, "stages_s": clock.take()}
                 else:
                     cfg = load_config(base=pair["direct"])
+                    clock.take()
                     with TreeMeter() as m:
                         direct = run_direct(cfg)
-                    rec["direct"] = {"wall_s": m.wall, "meter": m.summary(),
+                    rec["direct"] = {"wall_s": m.wall, "meter": m.summary(), "stages_s": clock.take(),
                                      "summary": _add_loop_rate(direct, Path(pair["direct"]["data_dir"]))}
             out["pairs"].append(rec)
     print(MARK + json.dumps(out, default=str), flush=True)
@@ -496,12 +539,16 @@ def print_table(results: dict) -> None:
                   + f"; fixed overhead (wall minus the training loop, flow vs direct) = {fo['fixed_overhead_pct']:.1f} %"
                   + (f"; pooled (sum of flow walls vs sum of direct walls) = {fo['pooled_overhead_pct']:.1f} %"
                      if n > 1 else ""))
+            if "accounted_overhead_pct" in fo:
+                print(f"accounted (each run's time outside the stages, within the run): flow {fo['outside_flow_s']:.3f} s, "
+                      f"direct {fo['outside_direct_s']:.3f} s -> overhead {fo['accounted_overhead_pct']:.1f} % of the flow's "
+                      "wall" + (" (medians)" if n > 1 else ""))
             for p in fo["pairs"]:
                 noisy = max(p["others_busy_flow"], p["others_busy_direct"]) > NOISY
                 print(f"  [{p['order']}] flow {p['flow_s']:.2f} s (train {f(p['flow_train_s'])} s, CPU {p['flow_cpu_s']:.1f} s + "
                       f"{p['flow_subprocess_cpu_s']:.1f} s Prefect server)  direct {p['direct_s']:.2f} s (train "
                       f"{f(p['direct_train_s'])} s, CPU {p['direct_cpu_s']:.1f} s)  overhead {p['overhead_pct']:.1f} % "
-                      f"(fixed {p['fixed_overhead_pct']:.1f} %)  "
+                      f"(fixed {p['fixed_overhead_pct']:.1f} %, accounted {p.get('accounted_overhead_pct', float('nan')):.1f} %)  "
                       f"others busy {p['others_busy_flow']:.2f}/{p['others_busy_direct']:.2f}" + ("  NOISY" if noisy else ""))
         else:
             print(f"\nflow overhead: FAILED ({fo.get('error')})")
@@ -646,6 +693,10 @@ def main(argv: list[str] | None = None) -> int:
                         fixed_overhead_pct=100.0 * ((fl["wall_s"] - (fl["summary"].get("train_seconds") or 0))
                                                     - (di["wall_s"] - (di["summary"].get("train_seconds") or 0)))
                         / fl["wall_s"],
+                        # Accounted: each run's time outside the stages, flow minus direct (within-run, low noise).
+                        outside_flow_s=fl["wall_s"] - fl["stages_s"], outside_direct_s=di["wall_s"] - di["stages_s"],
+                        accounted_overhead_pct=100.0 * ((fl["wall_s"] - fl["stages_s"]) - (di["wall_s"] - di["stages_s"]))
+                        / fl["wall_s"],
                         flow_cpu_s=fl["meter"]["cpu_s"], flow_subprocess_cpu_s=fl["meter"]["subprocess_cpu_s"],
                         direct_cpu_s=di["meter"]["cpu_s"],
                         others_busy_flow=fl["meter"]["others_busy_cores"],
@@ -656,7 +707,8 @@ def main(argv: list[str] | None = None) -> int:
                         direct_reward_first_last=[di["summary"].get("reward_first"), di["summary"].get("reward_last")]))
                 med = lambda k: statistics.median(p[k] for p in fo["pairs"])  # noqa: E731
                 fo.update(flow_s=med("flow_s"), direct_s=med("direct_s"), overhead_pct=med("overhead_pct"),
-                          fixed_overhead_pct=med("fixed_overhead_pct"))
+                          fixed_overhead_pct=med("fixed_overhead_pct"), outside_flow_s=med("outside_flow_s"),
+                          outside_direct_s=med("outside_direct_s"), accounted_overhead_pct=med("accounted_overhead_pct"))
                 # Pooled: total flow time vs total direct time over all pairs (less noisy than a median of ratios).
                 tf, td = sum(p["flow_s"] for p in fo["pairs"]), sum(p["direct_s"] for p in fo["pairs"])
                 fo["pooled_overhead_pct"] = 100.0 * (tf - td) / tf
