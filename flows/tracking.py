@@ -16,8 +16,8 @@ import logging
 import os
 import re
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
