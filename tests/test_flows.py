@@ -28,6 +28,8 @@ def test_flow_smoke_and_mlflow(first_run):
     client = MlflowClient(tracking_uri=f"sqlite:///{cfg['data_dir']}/mlflow.db")
     run = client.get_run(s["mlflow_run_id"])
     assert run.info.status == "FINISHED"
+    # MLflow's writes ran on a writer thread; the flow returned only after all of them, and the thread is gone
+    assert not [t for t in __import__("threading").enumerate() if t.name.startswith("mlflow-writer")]
     assert run.data.params["trainer.num_generations"] == "2"
     hist = client.get_metric_history(run.info.run_id, "turn_1/reward_mean")
     assert [m.step for m in hist] == [4, 8]
