@@ -13,6 +13,7 @@ What a run holds:
 import functools
 import json
 import logging
+import math
 import os
 import re
 import tempfile
@@ -155,6 +156,14 @@ def _lost_race(err: BaseException) -> bool:
     return "database is locked" in msg or "UNIQUE constraint failed: datasets." in msg
 
 
+def _raise_first(futures: list) -> None:
+    """Wait for every future, then raise the first one's error, if any failed."""
+    errors = [f.exception() for f in futures]
+    err = next((e for e in errors if e is not None), None)
+    if err is not None:
+        raise err
+
+
 class TrackingStoreError(RuntimeError):
     """The MLflow tracking store cannot be opened by the installed MLflow (e.g. a newer schema)."""
 
@@ -281,9 +290,7 @@ class Tracker:
         write, or by `drain`."""
         done = [f for f in self._pending if f.done()]
         self._pending = [f for f in self._pending if not f.done()]
-        for f in done:
-            if f.exception() is not None:
-                raise f.exception()
+        _raise_first(done)
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="mlflow-writer")
         self._pending.append(self._writer.submit(self._call, fn, *args, **kwargs))
@@ -291,10 +298,7 @@ class Tracker:
     def drain(self) -> None:
         """Wait for every queued MLflow write; raise the first that failed (after all of them ran)."""
         pending, self._pending = self._pending, []
-        errors = [f.exception() for f in pending]
-        err = next((e for e in errors if e is not None), None)
-        if err is not None:
-            raise err
+        _raise_first(pending)
 
     @staticmethod
     def _call(fn, *args, **kwargs):
@@ -359,8 +363,6 @@ class Tracker:
 
 def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     """About `n` round tick values covering [lo, hi] (steps of 1, 2 or 5 times a power of ten)."""
-    import math
-
     if hi <= lo:
         lo, hi = lo - 0.5, hi + 0.5
     raw = (hi - lo) / max(n - 1, 1)
@@ -375,7 +377,6 @@ def reward_curve_svg(env_steps: list[int], rewards: list[float], title: str) -> 
 
     Written by hand, not with matplotlib: drawing a PNG with matplotlib cost ~60 ms of CPU per flow run, a
     third of the flow's whole tracking overhead on a short run; this costs well under a millisecond."""
-    import math
     from xml.sax.saxutils import escape
 
     pairs = [(x, y) for x, y in zip(env_steps, rewards) if math.isfinite(y)]

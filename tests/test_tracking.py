@@ -36,8 +36,12 @@ def test_reward_curve_svg_of_nothing_finite_is_still_an_image():
     assert root.tag == SVG + "svg"
 
 
+def _tracker(tmp_path):
+    return Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "x", True, artifact_location=(tmp_path / "art").as_uri())
+
+
 def test_a_new_run_gets_its_queued_tags_with_its_params(tmp_path, monkeypatch):
-    tr = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "x", True, artifact_location=(tmp_path / "art").as_uri())
+    tr = _tracker(tmp_path)
     calls = []
     real = tr.client.log_batch
     monkeypatch.setattr(tr.client, "log_batch", lambda *a, **k: calls.append(k) or real(*a, **k))
@@ -49,10 +53,6 @@ def test_a_new_run_gets_its_queued_tags_with_its_params(tmp_path, monkeypatch):
     run = tr.client.get_run(run_id)
     assert run.data.tags["lineage.taskset"] == "taskset/abc@123" and run.data.tags["coopflow.run_key"] == "k"
     assert run.data.params == {"a": "1", "b.c": "[1, 2]"}
-
-
-def _tracker(tmp_path):
-    return Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "x", True, artifact_location=(tmp_path / "art").as_uri())
 
 
 def test_writes_run_behind_the_flow_in_order_and_finish_waits_for_them(tmp_path, monkeypatch):
