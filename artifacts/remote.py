@@ -59,7 +59,7 @@ class RemoteMirror:
 
     def publish(self, kind: str, key: str, local: Path, ref_json: str) -> None:
         """Upload a committed local artifact dir (objects first, commit record last)."""
-        from artifacts.faults import hit
+        from coopflow.artifacts.faults import hit
 
         commit_id = uuid.uuid4().hex
         base = f"{self._dir(kind, key)}/{commit_id}"

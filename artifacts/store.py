@@ -29,8 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict
 
-from artifacts.faults import hit as fault_point
-from schemas.tables import SCHEMA_VERSION, schema_for
+from coopflow.artifacts.faults import hit as fault_point
+from coopflow.schemas.tables import SCHEMA_VERSION, schema_for
 
 
 class ArtifactError(RuntimeError):
@@ -118,7 +118,7 @@ class ArtifactStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self.remote = None
         if remote:
-            from artifacts.remote import RemoteError, RemoteMirror
+            from coopflow.artifacts.remote import RemoteError, RemoteMirror
 
             try:
                 self.remote = RemoteMirror(remote, remote_options)
@@ -310,7 +310,7 @@ class ArtifactStore:
 
     def _publish(self, ref: ArtifactRef) -> None:
         """Publish a committed local artifact to the remote, then mark it published here."""
-        from artifacts.remote import RemoteError
+        from coopflow.artifacts.remote import RemoteError
 
         root = self.location(ref)
         try:
@@ -321,7 +321,7 @@ class ArtifactStore:
 
     def _fetch(self, kind: str, key: str) -> ArtifactRef | None:
         """Download a remote artifact into place here (verified first), or None when the remote lacks it."""
-        from artifacts.remote import RemoteError
+        from coopflow.artifacts.remote import RemoteError
 
         try:
             record = self.remote.record(kind, key)

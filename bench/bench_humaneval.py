@@ -30,9 +30,9 @@ MODES = {"seq": {}, "mp": {"parallel_training": "mp", "agent_devices": ["cpu", "
 def coopflow_config(items_file: Path, data_dir: Path, a, mode: str) -> dict:
     return {"algorithm": "magrpo", "agents": {"agent_model": str(MODEL), "num_agents": 2},
             "taskset": {"name": str(items_file), "num_eval_items": 1},
-            "reward": {"name": "stages.tasks.envs.coding:humaneval_reward"},
-            "formatters": [{"function": "stages.tasks.envs.coding:helper_prompt", "chat_template": True},
-                           {"function": "stages.tasks.envs.coding:main_prompt", "chat_template": True}],
+            "reward": {"name": "coopflow.envs.coding:humaneval_reward"},
+            "formatters": [{"function": "coopflow.envs.coding:helper_prompt", "chat_template": True},
+                           {"function": "coopflow.envs.coding:main_prompt", "chat_template": True}],
             "trainer": {"num_train_epochs": 1, "agent_learning_rate": 1e-5, "num_generations": a.k,
                         "max_new_tokens": a.tokens, "temperature": 0.8, "top_p": 0.95, "top_k": 50, "num_turns": 1,
                         "rollout_buffer_size": a.rbs, "logging_steps": 1, "eval_interval": 0, "eval_num_samples": 1,
@@ -42,8 +42,8 @@ def coopflow_config(items_file: Path, data_dir: Path, a, mode: str) -> dict:
 
 COOPFLOW_CHILD = """
 import json, sys
-from schemas.config import validate_config
-from stages.loops.run import run_direct
+from coopflow.schemas.config import validate_config
+from coopflow.stages.loops.run import run_direct
 s = run_direct(validate_config(json.load(open(sys.argv[1]))))
 print("BENCH_RESULT " + json.dumps({k: s[k] for k in ("env_steps", "train_seconds", "env_steps_per_s", "reward_first",
                                                          "reward_last", "load_seconds")}))
@@ -60,8 +60,8 @@ def main() -> int:
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--quiet-wait", type=float, default=120)
     a = ap.parse_args()
-    from stages.agents import catalog
-    from stages.tasks.envs import coding
+    from coopflow.stages.agents import catalog
+    from coopflow.stages.tasks.envs import coding
 
     if not (MODEL / "config.json").is_file():
         B.log(f"converting smollm2-135m-instruct into {MODEL}")

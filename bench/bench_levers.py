@@ -49,7 +49,7 @@ def interleave(base, lever, repeats: int) -> tuple[float, float]:
 
 
 def load(model_dir: str):
-    from stages.agents.models import load_agent
+    from coopflow.stages.agents.models import load_agent
 
     model, tok = load_agent(model_dir, "float32", "sdpa", "cpu")
     return model, tok
@@ -62,7 +62,7 @@ def batch(tok, rows: int):
 
 
 def lever_decode_bf16(model, tok, a) -> dict:
-    from stages.agents.decode import sample
+    from coopflow.stages.agents.decode import sample
 
     enc = batch(tok, a.rows)
     ids, mask = enc["input_ids"], enc["attention_mask"]
@@ -81,7 +81,7 @@ def lever_decode_bf16(model, tok, a) -> dict:
 
 
 def lever_prefill_shared(model, tok, a) -> dict:
-    from stages.agents.decode import sample
+    from coopflow.stages.agents.decode import sample
 
     enc = tok(_humaneval_like(tok, a.rows), return_tensors="pt", padding=True)
 
@@ -96,7 +96,7 @@ def lever_prefill_shared(model, tok, a) -> dict:
 
 
 def _step_mode(model, tok, a, mode: str) -> dict:
-    from stages.agents.decode import sample
+    from coopflow.stages.agents.decode import sample
 
     enc = batch(tok, a.rows)
 
@@ -145,8 +145,8 @@ def _humaneval_like(tok, rows: int):
 
 
 def lever_loss_shared_prompts(model, tok, a) -> dict:
-    from stages.agents.decode import sample
-    from stages.agents.logprobs import sequence_logprobs
+    from coopflow.stages.agents.decode import sample
+    from coopflow.stages.agents.logprobs import sequence_logprobs
 
     enc = tok(_humaneval_like(tok, a.rows), return_tensors="pt", padding=True)
     torch.manual_seed(0)
@@ -175,7 +175,7 @@ def lever_loss_shared_prompts(model, tok, a) -> dict:
 
 
 def _loss_inputs(model, tok, a):
-    from stages.agents.decode import sample
+    from coopflow.stages.agents.decode import sample
 
     enc = batch(tok, a.rows)
     torch.manual_seed(0)

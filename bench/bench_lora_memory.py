@@ -23,9 +23,9 @@ import json, resource, sys, tempfile
 from pathlib import Path
 import torch
 torch.set_num_threads(1)
-from schemas.config import LoraSettings
-from stages.agents.models import load_policies, save_checkpoint
-from stages.agents.lora import load_lora_policies
+from coopflow.schemas.config import LoraSettings
+from coopflow.stages.agents.models import load_policies, save_checkpoint
+from coopflow.stages.agents.lora import load_lora_policies
 src, n, mode, r = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 if mode == "lora":
     pol = load_lora_policies(src, [None] * n, LoraSettings(r=r), 1e-4, "float32", "sdpa", "cpu", None, True, 0)
@@ -57,10 +57,10 @@ def model_dir(name: str) -> str:
     if Path(name).is_dir():
         return str(Path(name).resolve())
     if name == "tiny":
-        from stages.agents.models import build_tiny_model
+        from coopflow.stages.agents.models import build_tiny_model
 
         return str(build_tiny_model(Path(tempfile.mkdtemp()) / "tiny"))
-    from stages.agents import catalog
+    from coopflow.stages.agents import catalog
 
     d = REPO / ".bench" / "models" / name
     if not (d / "config.json").is_file():

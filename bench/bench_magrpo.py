@@ -174,8 +174,8 @@ def child_direct(spec: dict) -> None:
     import torch
 
     torch.set_num_threads(THREADS)
-    from schemas.config import load_config
-    from stages.loops.run import run_direct
+    from coopflow.schemas.config import load_config
+    from coopflow.stages.loops.run import run_direct
 
     cfg = load_config(base=spec["config"])
     # Warm the process before the clock starts, as the peer harness is warm when its clock starts (it
@@ -255,9 +255,9 @@ class StageClock:
 
     def install(self) -> None:
         """Wrap the stages where flows.train and stages.loops.run look them up."""
-        import flows.train as FT
-        import stages.loops.context as LC
-        import stages.loops.run as LR
+        import coopflow.flows.train as FT
+        import coopflow.stages.loops.context as LC
+        import coopflow.stages.loops.run as LR
 
         for mod, names in ((LR, ("build_taskset", "make_context", "evaluate_initial", "evaluate_checkpoint",
                                  "train_segment", "training_summary")),
@@ -273,7 +273,7 @@ class StageClock:
 def child_flow(spec: dict) -> None:
     """Flow overhead: warm-up flow, then per pair a timed flow run and a timed direct run of the same fresh work."""
     os.environ["COOPFLOW_HOME"] = spec["home"]
-    from flows.env import configure
+    from coopflow.flows.env import configure
 
     configure()  # before prefect is imported
     import torch
@@ -281,9 +281,9 @@ def child_flow(spec: dict) -> None:
     torch.set_num_threads(THREADS)
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    from flows.train import train_magrpo
-    from schemas.config import load_config
-    from stages.loops.run import run_direct
+    from coopflow.flows.train import train_magrpo
+    from coopflow.schemas.config import load_config
+    from coopflow.stages.loops.run import run_direct
 
     out: dict = {"torch_threads": torch.get_num_threads(), "pairs": []}
     clock = StageClock()

@@ -62,7 +62,7 @@ def mode_settings(mode: str, chunk_tokens: int = 1024) -> tuple[dict, str]:
 
 def ensure_model() -> Path:
     """The catalog model with pad = <|endoftext|> (id 0), used by both sides."""
-    from stages.agents import catalog
+    from coopflow.stages.agents import catalog
 
     if not (SOURCE / "config.json").is_file():
         B.log(f"converting smollm2-135m-instruct into {SOURCE}")
@@ -85,7 +85,7 @@ def ensure_model() -> Path:
 
 def task_items(task: str, n: int) -> list[dict]:
     if task == "humaneval":
-        from stages.tasks.envs import coding
+        from coopflow.stages.tasks.envs import coding
 
         return coding.humaneval_splits()["train"][:n]
     topics = ["a robot who learns to paint", "the ocean at night", "a dragon that is afraid of fire",
@@ -96,9 +96,9 @@ def task_items(task: str, n: int) -> list[dict]:
 def coopflow_config(task: str, items_file: Path, data_dir: Path, a, mode: str) -> dict:
     trainer_mode, dtype = mode_settings(mode, a.chunk_tokens)
     if task == "humaneval":
-        reward = {"name": "stages.tasks.envs.coding:humaneval_reward"}
-        fmts = [{"function": "stages.tasks.envs.coding:helper_prompt", "chat_template": True},
-                {"function": "stages.tasks.envs.coding:main_prompt", "chat_template": True}]
+        reward = {"name": "coopflow.envs.coding:humaneval_reward"}
+        fmts = [{"function": "coopflow.envs.coding:helper_prompt", "chat_template": True},
+                {"function": "coopflow.envs.coding:main_prompt", "chat_template": True}]
     else:
         reward, fmts = {"name": "length_ratio"}, {"chat_template": True}
     return {"algorithm": "magrpo",
@@ -118,9 +118,9 @@ import json, sys
 import torch
 sys.path.insert(0, sys.argv[2])
 from exclusive_timers import T, timed
-from schemas.config import validate_config
-import stages.rollout.generate as G, stages.update.policy_gradient as PG, stages.agents.logprobs as LP
-from stages.loops.run import run_direct
+from coopflow.schemas.config import validate_config
+import coopflow.stages.rollout.generate as G, stages.update.policy_gradient as PG, stages.agents.logprobs as LP
+from coopflow.stages.loops.run import run_direct
 G.generate_for_agent = timed("generate", G.generate_for_agent)
 PG.sequence_logprobs = timed("loss_forward", LP.sequence_logprobs)
 torch.Tensor.backward = timed("backward", torch.Tensor.backward)

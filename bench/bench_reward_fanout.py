@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from schemas.config import RayConfig  # noqa: E402
-from stages.score.executors import make_executor  # noqa: E402
-from stages.score.rewards import RewardCaller, resolve_reward  # noqa: E402
-from stages.score.scores import score_rewards  # noqa: E402
+from coopflow.schemas.config import RayConfig  # noqa: E402
+from coopflow.stages.score.executors import make_executor  # noqa: E402
+from coopflow.stages.score.rewards import RewardCaller, resolve_reward  # noqa: E402
+from coopflow.stages.score.scores import score_rewards  # noqa: E402
 
 
 def workload(n_items: int) -> tuple[list[dict], dict[int, dict]]:
@@ -42,7 +42,7 @@ def workload(n_items: int) -> tuple[list[dict], dict[int, dict]]:
 
 
 def timed(rows, items, executor) -> tuple[float, list[dict]]:
-    caller = RewardCaller(resolve_reward("stages.tasks.envs.coding:humaneval_reward"), 2, 300)
+    caller = RewardCaller(resolve_reward("coopflow.envs.coding:humaneval_reward"), 2, 300)
     caller.executor = executor
     t0 = time.perf_counter()
     out = score_rewards(rows, items, caller, lambda x: x, "aligned", 0)

@@ -26,8 +26,8 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from schemas.config import load_config
-    from stages.loops.run import run_direct
+    from coopflow.schemas.config import load_config
+    from coopflow.stages.loops.run import run_direct
 
     rows = []
     for config in args.configs:

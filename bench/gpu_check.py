@@ -69,7 +69,7 @@ def environment(device: str) -> dict:
 def build_model(out: Path, dry: bool) -> dict:
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from stages.agents.models import build_tiny_model
+    from coopflow.stages.agents.models import build_tiny_model
 
     build_tiny_model(out / "tok", vocab_size=384)  # (its tokenizer; the model is replaced below)
     tok = AutoTokenizer.from_pretrained(out / "tok")
@@ -96,8 +96,8 @@ def _prompts(tok, rows: int):
 def correctness(model_dir: Path, device: str) -> dict:
     from transformers import GenerationConfig
 
-    from stages.agents import decode as FD
-    from stages.agents.models import load_agent
+    from coopflow.stages.agents import decode as FD
+    from coopflow.stages.agents.models import load_agent
 
     model, tok = load_agent(model_dir, "float32", "sdpa", device)
     enc = _prompts(tok, 4)
@@ -126,8 +126,8 @@ def correctness(model_dir: Path, device: str) -> dict:
 def generation_speed(model_dir: Path, device: str, rows: int, tokens: int) -> dict:
     from transformers import GenerationConfig
 
-    from stages.agents import decode as FD
-    from stages.agents.models import load_agent
+    from coopflow.stages.agents import decode as FD
+    from coopflow.stages.agents.models import load_agent
 
     dtype = "bfloat16" if device.startswith("cuda") else "float32"
     model, tok = load_agent(model_dir, dtype, "sdpa", device)
@@ -178,8 +178,8 @@ def _train_config(model_dir: Path, data: Path, device: str, items: int, tokens: 
 
 CHILD = """
 import json, sys
-from schemas.config import validate_config
-from stages.loops.run import run_direct
+from coopflow.schemas.config import validate_config
+from coopflow.stages.loops.run import run_direct
 s = run_direct(validate_config(json.load(open(sys.argv[1]))))
 print("RESULT " + json.dumps({k: s[k] for k in ("env_steps", "train_seconds", "env_steps_per_s", "reward_first",
                                                  "reward_last", "load_seconds", "seconds")}))
@@ -216,7 +216,7 @@ from datasets import Dataset
 from comlrl.trainers.reinforce.magrpo import MAGRPOConfig, MAGRPOTrainer
 sys.path.insert(0, sys.argv[4])
 sys.path.insert(0, sys.argv[5])
-from stages.score.rewards import length_ratio  # (standard library only: the peer's python imports it too)
+from coopflow.stages.score.rewards import length_ratio  # (standard library only: the peer's python imports it too)
 seen = []
 def reward(c1, c2):
     out = length_ratio(c1, c2); seen.extend(out); return out
@@ -255,7 +255,7 @@ def peer(model_dir: Path, tmp: Path, items: int, tokens: int, given: str | None)
     py = _peer_python(tmp, given)
     if py is None:
         return {"skipped": "comlrl is not importable and bench/.wheels holds no comlrl wheel"}
-    from stages.tasks.taskset import _builtin
+    from coopflow.stages.tasks.taskset import _builtin
 
     prompts = [{"prompt": it["prompt"]} for it in _builtin("story-length-ratio")["train"][:items]]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -28,7 +28,7 @@ from datasets import Dataset  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from exclusive_timers import T, timed  # noqa: E402  (bench/, this script's directory)
-from stages.score.rewards import length_ratio  # noqa: E402
+from coopflow.stages.score.rewards import length_ratio  # noqa: E402
 
 
 task, model_dir, items_file = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -44,7 +44,7 @@ def chat(text: str) -> str:  # what coopflow's formatter with chat_template: tru
 
 seen: list[float] = []
 if task == "humaneval":
-    from stages.tasks.envs import coding
+    from coopflow.stages.tasks.envs import coding
 
     @functools.partial(timed, "reward")
     def reward(*completions, batch_items=None):  # varargs: CoMLRL counts defaulted positionals as completions

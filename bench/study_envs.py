@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from schemas.config import load_config  # noqa: E402
-from stages.loops.run import run_direct  # noqa: E402
+from coopflow.schemas.config import load_config  # noqa: E402
+from coopflow.stages.loops.run import run_direct  # noqa: E402
 
 
 def one_seed(config: str, seed: int, root: Path, overrides: list[str], algorithm: str) -> dict:

@@ -1,7 +1,7 @@
 """`trainer.train()` without Prefect: the stages called in this process, tracked in MLflow."""
 
-from artifacts import ArtifactStore
-from schemas.config import RunConfig
+from coopflow.artifacts import ArtifactStore
+from coopflow.schemas.config import RunConfig
 
 ITERATIVE = ("madpo-iter", "marlhf-iter")
 PREFERENCE = ("madpo", "marlhf")
@@ -10,8 +10,8 @@ PREFERENCE = ("madpo", "marlhf")
 def run_tracked(cfg: RunConfig, tags: list[str] | dict | None = None, show_progress: bool = True,
                 session=None) -> dict:
     """Train with the algorithm's stages; one MLflow run (params, metrics by env_step, eval); returns a summary."""
-    from flows.train import _public
-    from flows.tracking import tracker_for
+    from coopflow.flows.train import _public
+    from coopflow.flows.tracking import tracker_for
 
     store = ArtifactStore(cfg.resolved_data_dir() / "artifacts")
     tr = cfg.tracking
@@ -32,7 +32,7 @@ def run_tracked(cfg: RunConfig, tags: list[str] | dict | None = None, show_progr
         if cfg.algorithm not in ITERATIVE + PREFERENCE:  # lets a longer run of this config continue this one
             from pathlib import Path
 
-            from stages.agents.checkpoint import policy_key_of
+            from coopflow.stages.agents.checkpoint import policy_key_of
 
             tracker.tag({"coopflow.run_key": policy_key_of(Path(out["checkpoint"]).name)})
         out["mlflow_run_id"] = run_id
@@ -45,11 +45,11 @@ def run_tracked(cfg: RunConfig, tags: list[str] | dict | None = None, show_progr
 def _run(cfg: RunConfig, store: ArtifactStore, show_progress: bool, session=None) -> dict:
     """The algorithm's stages in this process; `session` may carry live agents to start from (trained in place)."""
     if cfg.algorithm in ITERATIVE:
-        from stages.loops import rounds as I
-        from stages.loops.context import make_context
-        from stages.tasks.taskset import build_taskset
+        from coopflow.stages.loops import rounds as I
+        from coopflow.stages.loops.context import make_context
+        from coopflow.stages.tasks.taskset import build_taskset
 
-        from stages.agents.checkpoint import CheckpointLayout
+        from coopflow.stages.agents.checkpoint import CheckpointLayout
 
         ctx = make_context(cfg, store, build_taskset(cfg.taskset, store), session=session)
         try:
@@ -63,12 +63,12 @@ def _run(cfg: RunConfig, store: ArtifactStore, show_progress: bool, session=None
                 "env_steps": CheckpointLayout(ckpt).trainer_state().get("env_step", 0),
                 "executed": ctx.session.executed(), "_metrics_refs": [r["metrics"] for r in rounds]}
     if cfg.algorithm in PREFERENCE:
-        from stages.loops.preference import run_preference_direct
+        from coopflow.stages.loops.preference import run_preference_direct
 
         out = run_preference_direct(cfg, store, session)
         out.pop("metrics", None)
         return {"algorithm": cfg.algorithm, **out}
-    from stages.loops.run import run_direct
+    from coopflow.stages.loops.run import run_direct
 
     refs: list = []
     out = run_direct(cfg, store, show_progress, metrics_refs=refs, session=session)

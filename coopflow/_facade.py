@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from artifacts import ArtifactStore, key_for
-from schemas.config import RunConfig, validate_config
+from coopflow.artifacts import ArtifactStore, key_for
+from coopflow.schemas.config import RunConfig, validate_config
 
 __all__ = ["FacadeTrainer", "callable_ref"]
 
@@ -34,7 +34,7 @@ def callable_ref(fn, builtins: dict | None = None) -> str:
     function of an importable module (so flows and deployments can load it too), else 'mem:<fingerprint>'."""
     import importlib
 
-    from stages.common.user_code import register_callable
+    from coopflow.stages.common.user_code import register_callable
 
     for name, b in (builtins or {}).items():
         if fn is b:
@@ -81,9 +81,14 @@ class FacadeTrainer:
                  external_transition=None, wandb_config: dict | None = None, eval_logger=None, eval_aggregator=None,
                  metrics_callback=None, args=None, critic_model: str | Any = None, critics: list | None = None,
                  data_dir: str | None = None, seed: int = 0, centralized_adapter=None,
-                 centralized_comparator_adapter=None):
-        from flows.env import configure
-        from stages.score.rewards import BUILTIN_REWARDS
+                 centralized_comparator_adapter=None, model: str | Any = None):
+        from coopflow.flows.env import configure
+        from coopflow.stages.score.rewards import BUILTIN_REWARDS
+
+        if model is not None:  # `model=`: the reference README's name for agent_model
+            if agent_model is not None:
+                raise ValueError("pass the agent model once: model= and agent_model= name the same argument")
+            agent_model = model
 
         configure(data_dir)  # embedded defaults (Prefect home, MLflow DB) under the data dir, before Prefect loads
         self.args = args if args is not None else self.config_class()
@@ -139,7 +144,7 @@ class FacadeTrainer:
         if isinstance(rdev, (list, tuple)) and len(rdev) not in (1, n):
             raise ValueError(f"reference_devices length ({len(rdev)}) must be 1 or {n}.")
         if adapter is not None:
-            from stages.tasks.centralized import check_adapter
+            from coopflow.stages.tasks.centralized import check_adapter
 
             check_adapter(adapter, type(adapter).__name__)
 
@@ -168,8 +173,8 @@ class FacadeTrainer:
         self._last: dict | None = None
 
         # --- load what the public attributes expose (no tokenizer call, no generation)
-        from stages.agents.models import load_agent
-        from stages.agents.state import adamw
+        from coopflow.stages.agents.models import load_agent
+        from coopflow.stages.agents.state import adamw
 
         dtype = self._dtype()
         if agents is not None and agent_model is None:
@@ -205,6 +210,11 @@ class FacadeTrainer:
         self.agent_devices = [next(m.parameters()).device for m in self.agents]
         self.device = self.agent_devices[0]
 
+    @property
+    def agent_models(self) -> list:
+        """The agents' models (the same objects as `agents`; trained in place by `train()`)."""
+        return self.agents
+
     # --- critics (IAC / MAAC override) --------------------------------------------------------------
 
     def _check_critic_flag(self, critic_model, critics) -> None:
@@ -233,12 +243,12 @@ class FacadeTrainer:
 
     def _load_source(self, src: str) -> str:
         """'tiny' and catalog names → their directory in the store (built / converted once); anything else as given."""
-        from stages.agents.catalog import is_catalog_name
+        from coopflow.stages.agents.catalog import is_catalog_name
 
         if src != "tiny" and not is_catalog_name(src):
             return src
-        from artifacts import ArtifactStore
-        from stages.loops.context import resolve_model_sources
+        from coopflow.artifacts import ArtifactStore
+        from coopflow.stages.loops.context import resolve_model_sources
 
         cfg = validate_config({"agents": {"agent_model": "tiny"}, "data_dir": self.data_dir,
                                "trainer": {"num_turns": 1}})
@@ -312,7 +322,7 @@ class FacadeTrainer:
                       "trainer": {**self.args.model_dump(), "num_agents": self.num_roles}, "seed": self.seed,
                       "data_dir": str(root), "tracking": tracking}
         if self.centralized_adapter is not None:
-            from stages.common.user_code import register_object
+            from coopflow.stages.common.user_code import register_object
 
             data["centralized_adapter"] = register_object(self.centralized_adapter)
         rr = getattr(self.reward_func, "reward_range", None)
@@ -346,7 +356,7 @@ class FacadeTrainer:
         cfg = self.run_config()
         continue_run = continue_run or (self.wandb_config.get("id") if self.wandb_config.get("resume") else None)
         if as_flow or continue_run:
-            from flows.train import FLOWS
+            from coopflow.flows.train import FLOWS
 
             kw = {"continue_run": continue_run} if continue_run else {}
             out = FLOWS[f"train-{self.algorithm}"](config=cfg.model_dump(mode="json"), show_progress=show_progress,
@@ -364,10 +374,10 @@ class FacadeTrainer:
         """A run session that starts from this trainer's own agents (trained in place, as in the reference, and
         generating with their own `generate`), when they can run in this process: not under mp workers, and not
         for the actor-critic runs (their critics and heads load from the store)."""
-        from stages.agents.state import AgentState, Policies
-        from stages.loops.context import resolve_sources
-        from stages.loops.plan import is_actor_critic
-        from stages.loops.session import Session
+        from coopflow.stages.agents.state import AgentState, Policies
+        from coopflow.stages.loops.context import resolve_sources
+        from coopflow.stages.loops.plan import is_actor_critic
+        from coopflow.stages.loops.session import Session
 
         t = cfg.trainer
         self._prepare_tokenizers()
@@ -391,7 +401,7 @@ class FacadeTrainer:
         """Copy a checkpoint's agent weights into the live agents (and critics)."""
         from transformers import AutoModelForCausalLM
 
-        from stages.agents.checkpoint import CheckpointLayout
+        from coopflow.stages.agents.checkpoint import CheckpointLayout
 
         lay = CheckpointLayout(ckpt)
         for i, m in enumerate(self.agents):
@@ -400,12 +410,12 @@ class FacadeTrainer:
 
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
         """Evaluation metrics (`eval/turn_t/reward_mean`, …) of the current agents on the eval dataset."""
-        from artifacts import ArtifactStore
-        from stages.common.seeds import derive_seed
-        from stages.evaluate.evaluate import evaluate
-        from stages.agents.state import AgentState, Policies
-        from stages.loops.context import formatters_for, make_context
-        from stages.tasks.taskset import build_taskset
+        from coopflow.artifacts import ArtifactStore
+        from coopflow.stages.common.seeds import derive_seed
+        from coopflow.stages.evaluate.evaluate import evaluate
+        from coopflow.stages.agents.state import AgentState, Policies
+        from coopflow.stages.loops.context import formatters_for, make_context
+        from coopflow.stages.tasks.taskset import build_taskset
 
         cfg = self.run_config()
         self._prepare_tokenizers()
@@ -423,7 +433,7 @@ class FacadeTrainer:
         """Write `agent_i/` (+ critics as the reference lays them out); the trained checkpoint when there is one."""
         import shutil
 
-        from stages.agents.checkpoint import CheckpointLayout
+        from coopflow.stages.agents.checkpoint import CheckpointLayout
 
         out = CheckpointLayout(Path(output_dir))
         out.root.mkdir(parents=True, exist_ok=True)

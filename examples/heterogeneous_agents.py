@@ -11,8 +11,8 @@ import tempfile
 from datasets import Dataset
 
 from coopflow.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
-from stages.agents.models import build_tiny_model  # the same builder as `coopflow tiny-model DIR`
-from stages.score.rewards import length_ratio
+from coopflow.stages.agents.models import build_tiny_model  # the same builder as `coopflow tiny-model DIR`
+from coopflow.stages.score.rewards import length_ratio
 
 QUICK = os.environ.get("COOPFLOW_EXAMPLE_QUICK") == "1"
 

@@ -10,7 +10,7 @@ import os
 from datasets import Dataset
 
 from coopflow.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
-from stages.score.rewards import length_ratio
+from coopflow.stages.score.rewards import length_ratio
 
 QUICK = os.environ.get("COOPFLOW_EXAMPLE_QUICK") == "1"
 

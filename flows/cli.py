@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from flows.reaper import healthy
+from coopflow.flows.reaper import healthy
 
 FLOW_NAMES = ("train-magrpo", "train-magrpo-centralized", "train-mareinforce", "train-marloo", "train-maremax",
               "train-iac", "train-maac", "train-madpo",
@@ -120,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        from artifacts import ArtifactError, StoreFullError
+        from coopflow.artifacts import ArtifactError, StoreFullError
 
         return {"run": _run, "validate": _validate, "tiny-model": _tiny, "serve": _serve, "deploy": _deploy, "merge-lora": _merge_lora,
                 "flows": _flows, "models": _models, "verify": _verify, "gc": _gc, "ui": _ui,
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _verify(args) -> int:
-    from artifacts import ArtifactStore
+    from coopflow.artifacts import ArtifactStore
 
     root = _data_with_artifacts(args)
     if root is None:
@@ -158,7 +158,7 @@ def _verify(args) -> int:
 
 def _data_with_artifacts(args) -> Path | None:
     """The data dir `verify` / `gc` work on; None (said on stderr) when it holds no artifact store."""
-    from flows.env import data_dir
+    from coopflow.flows.env import data_dir
 
     root = data_dir(args.data_dir)
     if not (root / "artifacts").is_dir():
@@ -168,7 +168,7 @@ def _data_with_artifacts(args) -> Path | None:
 
 
 def _gc(args) -> int:
-    from flows.gc import gc
+    from coopflow.flows.gc import gc
 
     root = _data_with_artifacts(args)
     if root is None:
@@ -178,14 +178,14 @@ def _gc(args) -> int:
 
 def _ui(args) -> int:
     """`coopflow ui`: the MLflow web UI (flows/ui.py)."""
-    from flows.env import data_dir
-    from flows.ui import run_ui
+    from coopflow.flows.env import data_dir
+    from coopflow.flows.ui import run_ui
 
     return run_ui(data_dir(args.data_dir), host=args.host, port=args.port, tracking_uri=args.tracking_uri)
 
 
 def _load(args, algorithm: str | None):
-    from schemas.config import ConfigError, load_config
+    from coopflow.schemas.config import ConfigError, load_config
 
     try:
         return load_config(args.config, args.overrides, algorithm=algorithm)
@@ -197,9 +197,9 @@ def _load(args, algorithm: str | None):
 def _check_model_dirs(cfg) -> None:
     """A local model directory that does not exist, or a catalog model whose package is not installed, fails
     here, before a Prefect server starts."""
-    from schemas.config import is_local_model_path, missing_model_dir_message
+    from coopflow.schemas.config import is_local_model_path, missing_model_dir_message
 
-    from stages.agents.catalog import ModelPackageMissing, entry_for, gguf_files, is_catalog_name
+    from coopflow.stages.agents.catalog import ModelPackageMissing, entry_for, gguf_files, is_catalog_name
 
     for field, src in cfg.model_sources():
         if is_local_model_path(src) and not Path(src).expanduser().is_dir():
@@ -216,7 +216,7 @@ def _check_model_dirs(cfg) -> None:
 def _validate(args) -> int:
     cfg = _load(args, args.algorithm)
     _check_model_dirs(cfg)
-    from stages.loops.preflight import PreflightError, check_user_code
+    from coopflow.stages.loops.preflight import PreflightError, check_user_code
 
     try:  # the user code the config names must import (what `run` checks first, without touching the data dir)
         check_user_code(cfg)
@@ -230,9 +230,9 @@ def _validate(args) -> int:
 
 def _models(args) -> int:
     """`coopflow models list|install`: the catalog of pretrained models installable offline."""
-    from artifacts import ArtifactStore
-    from schemas.config import validate_config
-    from stages.agents import catalog
+    from coopflow.artifacts import ArtifactStore
+    from coopflow.schemas.config import validate_config
+    from coopflow.stages.agents import catalog
 
     store = ArtifactStore(validate_config({"data_dir": getattr(args, "data_dir", None),
                                            "trainer": {"num_turns": 1}}).resolved_data_dir() / "artifacts")
@@ -263,7 +263,7 @@ def config_reference() -> str:
     """Markdown table of every config field: dotted path, default, one-line doc."""
     from pydantic_core import PydanticUndefined
 
-    from schemas.config import (AgentsConfig, CriticConfig, FormatterConfig, IACConfig, MAACConfig, MADPOConfig,
+    from coopflow.schemas.config import (AgentsConfig, CriticConfig, FormatterConfig, IACConfig, MAACConfig, MADPOConfig,
                                 MADPOIterConfig, MAGRPOConfig, MARLHFConfig, MARLHFIterConfig, RayConfig, RewardConfig, RunConfig, TasksetConfig,
                                 TrackingConfig, TransitionConfig)
 
@@ -328,7 +328,7 @@ def _config_reference(args) -> int:
 
 
 def _tiny(args) -> int:
-    from stages.agents.models import build_tiny_model
+    from coopflow.stages.agents.models import build_tiny_model
 
     out = build_tiny_model(args.dir, args.hidden, args.layers, args.seed, args.vocab)
     print(out)
@@ -348,7 +348,7 @@ def _boot_ephemeral_server():
         return lambda: None
     from prefect.server.api.server import SubprocessASGIServer
 
-    from flows.reaper import reap_with_parent
+    from coopflow.flows.reaper import reap_with_parent
 
     errors: list[BaseException] = []
 
@@ -376,7 +376,7 @@ def secrets_to_env(overrides: list[str]) -> list[str]:
     """Overrides without secrets: `trainer.comparator_api_key=K` becomes an environment variable of this process
     (COOPFLOW_COMPARATOR_API_KEY, named by trainer.comparator_api_key_env) and each comparator_api_headers value
     an 'env:COOPFLOW_HEADER_<i>' reference, so no key reaches the flow-run parameters Prefect stores."""
-    from schemas.config import _parse_value
+    from coopflow.schemas.config import _parse_value
 
     out = []
     for ov in overrides:
@@ -413,7 +413,7 @@ def _run(args) -> int:
         args.overrides.append(f"cache_salt=fresh-{uuid.uuid4().hex[:12]}")
     cfg = _load(args, algorithm)  # fails fast, before Prefect or any model loads
     _check_model_dirs(cfg)
-    from stages.loops.preflight import PreflightError, preflight
+    from coopflow.stages.loops.preflight import PreflightError, preflight
 
     try:  # the data dir, the user code the config names, the taskset, the disk: one line each, before Prefect starts
         disk = preflight(cfg)
@@ -421,7 +421,7 @@ def _run(args) -> int:
         print(f"coopflow: {err}", file=sys.stderr)
         return 2
     if cfg.tracking.enabled:
-        from flows.tracking import schema_problem, tracking_uri
+        from coopflow.flows.tracking import schema_problem, tracking_uri
 
         problem = schema_problem(tracking_uri(cfg))
         if problem:
@@ -429,16 +429,16 @@ def _run(args) -> int:
             return 2
     import shutil
 
-    from stages.loops.budget import human_bytes
+    from coopflow.stages.loops.budget import human_bytes
 
     free = human_bytes(shutil.disk_usage(cfg.resolved_data_dir()).free)
     print(f"coopflow: disk: this run writes {disk.describe()}; {free} free under {cfg.resolved_data_dir()}"
           if disk is not None else "coopflow: disk: no estimate (a model's files are not on this machine yet)",
           file=sys.stderr)
-    from stages.common.threads import choose_threads
+    from coopflow.stages.common.threads import choose_threads
 
     print("coopflow: torch threads %d (%s)" % choose_threads(cfg.agents.torch_threads), file=sys.stderr)
-    from flows.env import configure
+    from coopflow.flows.env import configure
 
     configure(cfg.data_dir)
     if not os.environ.get("PREFECT_API_URL") and healthy("http://127.0.0.1:4200/api"):
@@ -447,8 +447,8 @@ def _run(args) -> int:
     server_ready = _boot_ephemeral_server()
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    from flows.train import FLOWS
-    from schemas.config import ConfigError
+    from coopflow.flows.train import FLOWS
+    from coopflow.schemas.config import ConfigError
 
     server_ready()
 
@@ -539,13 +539,13 @@ def ensure_server(port: int = 4200, timeout: float = 180, ui: bool = True) -> st
 
 
 def _serve(args) -> int:
-    from flows.env import configure
+    from coopflow.flows.env import configure
 
     configure()
     # served runs share this machine: each derives its torch threads from the CPUs // the runs at once
     os.environ.setdefault("COOPFLOW_CONCURRENT_RUNS", os.environ.get("PREFECT_RUNNER_PROCESS_LIMIT", "5"))
     url = ensure_server(args.port, ui=not args.no_ui)
-    from flows.serve import serve_all
+    from coopflow.flows.serve import serve_all
 
     if not args.no_ui:
         print(f"Prefect UI: {url.removesuffix('/api')} (flow runs, deployments, logs)", file=sys.stderr)
@@ -558,7 +558,7 @@ def _serve(args) -> int:
 
 
 def _merge_lora(args) -> int:
-    from stages.agents.lora import merge_checkpoint
+    from coopflow.stages.agents.lora import merge_checkpoint
 
     try:
         for d in merge_checkpoint(args.checkpoint, args.out, args.base):
@@ -577,7 +577,7 @@ def _deploy(args) -> int:
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 
-    from flows.serve import deploy_all
+    from coopflow.flows.serve import deploy_all
 
     with get_client(sync_client=True) as client:
         try:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 def data_dir(explicit: str | None = None) -> Path:
     """The project data dir: explicit > $COOPFLOW_HOME > ./.coopflow (a path or a file:// URI)."""
-    from schemas.config import data_dir_path
+    from coopflow.schemas.config import data_dir_path
 
     return data_dir_path(explicit)
 
@@ -49,7 +49,7 @@ def configure(explicit: str | None = None) -> Path:
     }
     for k, v in defaults.items():
         os.environ.setdefault(k, v)
-    stages = logging.getLogger("stages")
+    stages = logging.getLogger("coopflow.stages")
     if stages.level == logging.NOTSET:
         stages.setLevel(logging.INFO)
     return d

@@ -10,10 +10,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from artifacts import ArtifactStore
-from stages.agents.checkpoint import policy_key_of
-from stages.loops.budget import human_bytes as human
-from stages.loops.gc import GcPlan, Roots, apply_gc, plan_gc
+from coopflow.artifacts import ArtifactStore
+from coopflow.stages.agents.checkpoint import policy_key_of
+from coopflow.stages.loops.budget import human_bytes as human
+from coopflow.stages.loops.gc import GcPlan, Roots, apply_gc, plan_gc
 
 
 def recorded_roots(data: Path, tracking_uri: str | None = None) -> tuple[Roots, list[str]]:
@@ -25,7 +25,7 @@ def recorded_roots(data: Path, tracking_uri: str | None = None) -> tuple[Roots, 
     from mlflow.entities import ViewType
     from mlflow.tracking import MlflowClient
 
-    from artifacts.store import process_alive
+    from coopflow.artifacts.store import process_alive
 
     client = MlflowClient(tracking_uri=tracking_uri or f"sqlite:///{db}")
     exps = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]

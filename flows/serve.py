@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from prefect import serve
 
-from flows.train import FLOWS
+from coopflow.flows.train import FLOWS
 
 
 def deployments(name: str = "local", cron: str | None = None, interval: float | None = None,
@@ -60,7 +60,7 @@ def serve_all(name: str = "local", cron: str | None = None, interval: float | No
 
 
 if __name__ == "__main__":
-    from flows.env import configure
+    from coopflow.flows.env import configure
 
     configure()
     serve_all()

@@ -22,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from artifacts import ArtifactRef, faults
-from artifacts.store import process_alive
-from artifacts.templates import create_from_template
+from coopflow.artifacts import ArtifactRef, faults
+from coopflow.artifacts.store import process_alive
+from coopflow.artifacts.templates import create_from_template
 
 
 def tracking_uri(cfg) -> str:
@@ -307,7 +307,7 @@ class Tracker:
         then inserts it: the slower insert breaks the datasets table's unique key; on retry it finds the row).
         Up to 8 times after 0.1 s, 0.2 s, ... 12.8 s (MlflowException / sqlalchemy's errors carry sqlite3's
         message)."""
-        from stages.common.retry import with_retries
+        from coopflow.stages.common.retry import with_retries
 
         return with_retries(lambda: fn(*args, **kwargs), 8, 0.1, _lost_race)
 

@@ -32,15 +32,15 @@ from prefect.cache_policies import NO_CACHE
 from prefect.settings import get_current_settings
 from prefect.utilities.annotations import quote
 
-from artifacts import ArtifactError, ArtifactRef, ArtifactStore
-from flows.tracking import Tracker, reward_curve_svg, tracker_for
-from schemas.config import ConfigError, RunConfig, load_config
-from stages.loops import context as C
-from stages.loops import run as R
-from stages.agents.checkpoint import policy_key_of
-from stages.loops.keys import eval_key
-from stages.loops.segment import SegmentResult, train_segment
-from stages.tasks.taskset import build_taskset
+from coopflow.artifacts import ArtifactError, ArtifactRef, ArtifactStore
+from coopflow.flows.tracking import Tracker, reward_curve_svg, tracker_for
+from coopflow.schemas.config import ConfigError, RunConfig, load_config
+from coopflow.stages.loops import context as C
+from coopflow.stages.loops import run as R
+from coopflow.stages.agents.checkpoint import policy_key_of
+from coopflow.stages.loops.keys import eval_key
+from coopflow.stages.loops.segment import SegmentResult, train_segment
+from coopflow.stages.tasks.taskset import build_taskset
 
 # Every flow here: prints logged, results returned in memory and never persisted (the artifact store holds what a run
 # makes). Naming the (unused) result storage spares each flow run three requests for the server's default storage.
@@ -66,7 +66,7 @@ def _public(cfg: RunConfig) -> dict:
 
 def _use_threads(cfg: RunConfig, logger) -> None:
     """Set this run's torch threads (agents.torch_threads, else derived so runs never oversubscribe the CPUs)."""
-    from stages.common.threads import apply_threads
+    from coopflow.stages.common.threads import apply_threads
 
     n, why = apply_threads(cfg.agents.torch_threads)
     logger.info("torch threads: %d (%s)", n, why)
@@ -324,7 +324,7 @@ def _log_run_files(tracker: Tracker, store: ArtifactStore, cfg: RunConfig, summa
 @task(name="generate-candidates", cache_policy=NO_CACHE, retries=1, retry_condition_fn=_no_retry_on_bad_input)
 def candidates_task(ctx: C.RunContext) -> tuple[ArtifactRef, ArtifactRef]:
     """P aligned joint candidates per item, scored with the task reward."""
-    from stages.loops import preference as P
+    from coopflow.stages.loops import preference as P
 
     return P.generate_candidates(ctx)
 
@@ -332,7 +332,7 @@ def candidates_task(ctx: C.RunContext) -> tuple[ArtifactRef, ArtifactRef]:
 @task(name="build-pairs", cache_policy=NO_CACHE)
 def pairs_task(ctx: C.RunContext, cand: ArtifactRef, scores: ArtifactRef) -> ArtifactRef:
     """Preference pairs (ties dropped, selected by pair_selection)."""
-    from stages.loops import preference as P
+    from coopflow.stages.loops import preference as P
 
     return P.make_pairs(ctx, cand, scores)
 
@@ -340,7 +340,7 @@ def pairs_task(ctx: C.RunContext, cand: ArtifactRef, scores: ArtifactRef) -> Art
 @task(name="dpo-update", cache_policy=NO_CACHE, retries=1, retry_condition_fn=_no_retry_on_bad_input)
 def dpo_task(ctx: C.RunContext, pairs: ArtifactRef, show_progress: bool) -> dict:
     """Joint-factorized DPO over the pairs -> checkpoint, metrics."""
-    from stages.loops import preference as P
+    from coopflow.stages.loops import preference as P
 
     return P.train_dpo(ctx, pairs, show_progress)
 
@@ -348,7 +348,7 @@ def dpo_task(ctx: C.RunContext, pairs: ArtifactRef, show_progress: bool) -> dict
 @task(name="fit-reward-model", cache_policy=NO_CACHE, retries=1, retry_condition_fn=_no_retry_on_bad_input)
 def reward_model_task(ctx: C.RunContext, pairs: ArtifactRef) -> tuple[ArtifactRef, dict]:
     """Bradley-Terry joint reward model on the pairs."""
-    from stages.loops import preference as P
+    from coopflow.stages.loops import preference as P
 
     return P.fit_rm(ctx, pairs)
 
@@ -362,7 +362,7 @@ def _no_pref_option(rescore_from, continue_run, algorithm: str) -> None:
 def run_preference(algorithm: str, config: dict | None, config_path: str | None, overrides, stages, refresh,
                    show_progress: bool) -> dict:
     """MADPO / MARLHF: candidates -> pairs -> (DPO | reward model -> RL) -> evaluate, tracked in MLflow."""
-    from stages.loops import preference as P
+    from coopflow.stages.loops import preference as P
 
     cfg = load_config(config_path, overrides, algorithm=algorithm, base=config)
     stages = list(stages or ["taskset", "train", "evaluate"])
@@ -506,7 +506,7 @@ def train_marlhf(config: dict | None = None, config_path: str | None = None,
 @flow(name="preference-round", flow_run_name="round-{r}", **FLOW_OPTIONS, validate_parameters=False)
 def round_flow(ctx: Any, r: int, show_progress: bool = False) -> dict:  # ctx: a RunContext (Any: no schema)
     """One round: target + comparator candidates, aligned pairs (a replay shard), replay, training, eval."""
-    from stages.loops import rounds as I
+    from coopflow.stages.loops import rounds as I
 
     return I.run_round(ctx, r, show_progress)
 
@@ -526,8 +526,8 @@ def run_iterative(algorithm: str, config: dict | None, config_path: str | None,
                   overrides: dict[str, Any] | list[str] | None, max_new_rounds: int | None,
                   show_progress: bool = False) -> dict:
     """The rounds of an iterative experiment, resumed from the store; one MLflow child run per round."""
-    from stages.loops import rounds as I
-    from stages.evaluate.reward_drift import bar_svg
+    from coopflow.stages.loops import rounds as I
+    from coopflow.stages.evaluate.reward_drift import bar_svg
 
     cfg = load_config(config_path, overrides, algorithm=algorithm, base=config)
     data = cfg.resolved_data_dir()

@@ -20,8 +20,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from flows.reaper import healthy, reap_with_parent
-from flows.tracking import schema_problem
+from coopflow.flows.reaper import healthy, reap_with_parent
+from coopflow.flows.tracking import schema_problem
 
 INSTALL_HINT = "pip install 'coopflow[ui]'"
 

@@ -20,7 +20,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # parallel test workers share the cor
     os.environ["OMP_NUM_THREADS"] = "1"
 os.environ["COOPFLOW_CACHE"] = str(_ROOT / "cache")  # one migrated MLflow DB template for every test's data dir
 
-from flows.env import configure  # noqa: E402
+from coopflow.flows.env import configure  # noqa: E402
 
 configure(str(_ROOT / "home"))
 
@@ -48,7 +48,7 @@ def small_config(tmp: Path, **sections) -> dict:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny Qwen2 model + locally trained tokenizer (built once per session)."""
-    from stages.agents.models import build_tiny_model
+    from coopflow.stages.agents.models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 

@@ -2,7 +2,7 @@
 
 import time
 
-from stages.score.rewards import length_ratio
+from coopflow.stages.score.rewards import length_ratio
 
 
 def slow_length_ratio(c1, c2):
@@ -141,7 +141,7 @@ class FixedSplitAdapter:
         return " | ".join(agent_prompts)
 
     def parse_completion(self, completion, batch_item, num_agents):
-        from stages.tasks.centralized import CentralizedComparatorParseError
+        from coopflow.stages.tasks.centralized import CentralizedComparatorParseError
 
         if not completion:
             raise CentralizedComparatorParseError("empty joint completion")

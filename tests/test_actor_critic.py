@@ -3,16 +3,16 @@
 import pytest
 import torch
 
-from schemas.config import ConfigError, validate_config
-from artifacts import ArtifactStore
-from stages.loops.context import make_context
-from stages.loops.run import refit_critic
-from stages.loops.segment import peek_policies, train_segment
-from stages.score.ac_targets import compute_targets, expand_rewards
-from stages.fit.critic import value_error
-from stages.agents.models import load_agent
-from stages.update.actor_critic import update_actor
-from stages.agents.value_heads import ValueHead, forward_values, joint_critic_text, new_head
+from coopflow.schemas.config import ConfigError, validate_config
+from coopflow.artifacts import ArtifactStore
+from coopflow.stages.loops.context import make_context
+from coopflow.stages.loops.run import refit_critic
+from coopflow.stages.loops.segment import peek_policies, train_segment
+from coopflow.stages.score.ac_targets import compute_targets, expand_rewards
+from coopflow.stages.fit.critic import value_error
+from coopflow.stages.agents.models import load_agent
+from coopflow.stages.update.actor_critic import update_actor
+from coopflow.stages.agents.value_heads import ValueHead, forward_values, joint_critic_text, new_head
 from tests.conftest import small_config
 from tests.helpers import LEARNING_SEEDS, assert_learns
 
@@ -50,7 +50,7 @@ def test_batched_v_and_q_readouts_match_single_sequence_forwards(lm):
     with torch.no_grad():
         v = forward_values(model, head, prompts, comps, tok.pad_token_id, "v")
         q, logp = forward_values(model, head, prompts, comps, tok.pad_token_id, "q", with_logprobs=True)
-        from stages.agents.logprobs import sequence_logprobs
+        from coopflow.stages.agents.logprobs import sequence_logprobs
 
         ref_logp = sequence_logprobs(model, prompts, comps, tok.pad_token_id)
     for b in range(2):  # V: last prompt token of the prompt alone; Q: last token of prompt + completion
@@ -112,7 +112,7 @@ def test_value_clipping_math():
 
 def test_non_finite_advantage_raises(lm):
     model, tok, head = lm
-    from stages.agents.state import AgentState
+    from coopflow.stages.agents.state import AgentState
 
     agent = AgentState(model, tok, 1e-3, value_head=head)
     s = {"step": 0, "turn": 0, "node_id": 0, "sample": 0, "prompt_ids": [5, 6], "completion_ids": [7],
@@ -186,7 +186,7 @@ def _weights(pol) -> dict[str, torch.Tensor]:
     ("maac", {"trainer": {"critic_type": "q"}}, ["critic/value_head.pt", "optimizer/critic.pt"]),
 ])
 def test_checkpoints_reload_and_continue_like_an_uninterrupted_run(tmp_path, algo, over, files):
-    from stages.tasks.taskset import build_taskset
+    from coopflow.stages.tasks.taskset import build_taskset
 
     def run(data, reload_between: bool):
         cfg = validate_config(_cfg(data, checkpoint_every=1, **over), algo)
@@ -216,8 +216,8 @@ def test_checkpoints_reload_and_continue_like_an_uninterrupted_run(tmp_path, alg
 def test_actor_critic_learns_the_length_ratio_task(tmp_path, algo):
     """The shipped IAC / MAAC configs over seeds 0-2: the shared length-ratio reward rises on the tiny model
     (measured gains over seeds 0-4: IAC +0.33 … +0.52, MAAC +0.23 … +0.55; eval 0.65 … 0.98)."""
-    from schemas.config import load_config
-    from stages.loops.run import run_direct
+    from coopflow.schemas.config import load_config
+    from coopflow.stages.loops.run import run_direct
 
     gains, evals = [], []
     for seed in LEARNING_SEEDS:
@@ -231,7 +231,7 @@ def test_actor_critic_learns_the_length_ratio_task(tmp_path, algo):
 
 
 def test_metrics_callback_domain_metrics_are_logged_per_update(tmp_path):
-    from stages.tasks.taskset import build_taskset
+    from coopflow.stages.tasks.taskset import build_taskset
 
     cfg = validate_config(_cfg(tmp_path, metrics_callback="tests.helpers:char_length_metrics"), "maac")
     store = ArtifactStore(tmp_path / "artifacts")
@@ -244,8 +244,8 @@ def test_metrics_callback_domain_metrics_are_logged_per_update(tmp_path):
 
 @pytest.mark.parametrize("algo", ["iac", "maac"])
 def test_refit_critic_from_stored_samples_lowers_value_loss_without_generating(tmp_path, algo):
-    from stages.tasks.taskset import build_taskset
-    from stages.loops.run import run_direct
+    from coopflow.stages.tasks.taskset import build_taskset
+    from coopflow.stages.loops.run import run_direct
 
     cfg = validate_config(_cfg(tmp_path, critic={"critic_model": "tiny", "refit_epochs": 8,
                                                  "refit_learning_rate": 3e-3}), algo)
@@ -270,7 +270,7 @@ def test_mp_workers_match_in_process_actor_critic(tmp_path, algo, devices, pinne
     """IAC critics live in the agents' worker processes, MAAC's critic in the main one: same results as in-process."""
     from safetensors.torch import load_file
 
-    from stages.loops.run import run_direct
+    from coopflow.stages.loops.run import run_direct
 
     local = run_direct(validate_config(_cfg(tmp_path / "local"), algo))
     par = run_direct(validate_config(_cfg(tmp_path / "mp", trainer={"parallel_training": "mp",
@@ -285,8 +285,8 @@ def test_mp_workers_match_in_process_actor_critic(tmp_path, algo, devices, pinne
 
 @pytest.mark.parametrize("algo", ["iac", "maac"])
 def test_multi_turn_actor_critic_with_reference_kl_runs_td_targets_over_turns(tmp_path, algo):
-    from stages.tasks.taskset import build_taskset
-    from stages.loops.run import run_direct
+    from coopflow.stages.tasks.taskset import build_taskset
+    from coopflow.stages.loops.run import run_direct
 
     cfg = validate_config(_cfg(tmp_path, transition={"name": "plain"},
                                trainer={"num_turns": 2, "early_termination_threshold": None,
@@ -313,8 +313,8 @@ def test_multi_turn_actor_critic_with_reference_kl_runs_td_targets_over_turns(tm
 
 
 def test_iac_critic_can_be_a_different_model_with_its_own_vocabulary(tmp_path):
-    from stages.tasks.taskset import build_taskset
-    from stages.agents.models import build_tiny_model
+    from coopflow.stages.tasks.taskset import build_taskset
+    from coopflow.stages.agents.models import build_tiny_model
 
     other = build_tiny_model(tmp_path / "critic-model", hidden_size=48, num_layers=1, vocab_size=320)
     cfg = validate_config(_cfg(tmp_path, critic={"critic_model": str(other)}), "iac")

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from stages.score.advantages import ADVANTAGE_MODES, advantages, compute_advantages, per_agent_returns
+from coopflow.stages.score.advantages import ADVANTAGE_MODES, advantages, compute_advantages, per_agent_returns
 
 R4 = [1.0, 2.0, 3.0, 6.0]  # mean 3, max 6, sum 12
 

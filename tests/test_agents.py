@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from artifacts import ArtifactStore
-from schemas.config import validate_config
-from stages.agents.models import build_tiny_model
-from stages.loops.run import run_direct
+from coopflow.artifacts import ArtifactStore
+from coopflow.schemas.config import validate_config
+from coopflow.stages.agents.models import build_tiny_model
+from coopflow.stages.loops.run import run_direct
 from tests.conftest import small_config
 
 
@@ -64,7 +64,7 @@ class _Payload:
 def test_a_crafted_pickle_in_a_checkpoint_is_refused(tmp_path):
     import torch
 
-    from stages.agents.models import load_tensors
+    from coopflow.stages.agents.models import load_tensors
 
     bad = tmp_path / "optimizer.pt"
     hit = tmp_path / "pwned"
@@ -78,8 +78,8 @@ def test_a_crafted_pickle_in_a_checkpoint_is_refused(tmp_path):
 
 
 def test_prompts_beyond_the_context_are_refused_or_truncated(tiny_model_dir, caplog):
-    from stages.agents.models import load_agent
-    from stages.rollout.generate import SamplingConfig, generate_for_agent
+    from coopflow.stages.agents.models import load_agent
+    from coopflow.stages.rollout.generate import SamplingConfig, generate_for_agent
 
     model, tok = load_agent(str(tiny_model_dir))
     context = model.config.max_position_embeddings

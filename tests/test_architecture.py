@@ -1,21 +1,30 @@
-"""The layering the README describes, checked on the source: no import cycle, no Prefect or MLflow in stages/,
-stages/ only in subpackages, and the lower layers never import the higher ones."""
+"""The layering the README describes, checked on the source: one import package (`coopflow`, whose parts keep
+their folders at the repository's top), no import cycle, no Prefect or MLflow in stages/, stages/ only in
+subpackages, and the lower layers never import the higher ones."""
 
 import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("artifacts", "schemas", "stages", "flows", "coopflow")
-LAYER = {"schemas": 0, "artifacts": 1, "stages": 2, "flows": 3, "coopflow": 3}
+PARTS = ("artifacts", "schemas", "stages", "flows")
+"""Folders at the repository's top that install as `coopflow.<part>` (pyproject's package-dir)."""
+LAYER = {"schemas": 0, "artifacts": 1, "stages": 2, "flows": 3, "facade": 3}
 
 
 def _modules() -> dict[str, Path]:
+    """Every module of the `coopflow` package by its import name, from the folders it is installed from."""
     out = {}
-    for pkg in PACKAGES:
-        for p in (REPO / pkg).rglob("*.py"):
-            name = ".".join(p.relative_to(REPO).with_suffix("").parts)
+    for folder, prefix in [(p, ("coopflow", p)) for p in PARTS] + [("coopflow", ("coopflow",))]:
+        for p in (REPO / folder).rglob("*.py"):
+            name = ".".join(prefix + p.relative_to(REPO / folder).with_suffix("").parts)
             out[name.removesuffix(".__init__")] = p
     return out
+
+
+def _layer(module: str) -> int:
+    """schemas < artifacts < stages < flows = the Python API facade (coopflow.trainers, coopflow.envs, ...)."""
+    part = module.split(".")[1] if module.count(".") else ""
+    return LAYER[part if part in PARTS else "facade"]
 
 
 def _runtime_imports(path: Path) -> set[str]:
@@ -47,6 +56,7 @@ def _graph() -> dict[str, set[str]]:
 
 def test_no_import_cycle():
     graph, state, cycles = _graph(), {}, []
+    assert "coopflow.stages.loops.run" in graph  # the walk sees the installed names
 
     def visit(m: str, path: list[str]) -> None:
         state[m] = "open"
@@ -65,14 +75,34 @@ def test_no_import_cycle():
 
 def test_stages_import_neither_prefect_nor_mlflow():
     for p in (REPO / "stages").rglob("*.py"):
-        bad = {m for m in _runtime_imports(p) if m.split(".")[0] in ("prefect", "mlflow", "flows", "coopflow")}
+        bad = {m for m in _runtime_imports(p) if m.split(".")[0] in ("prefect", "mlflow")
+               or (m.startswith("coopflow.") and _layer(m) > LAYER["stages"])}
         assert not bad, f"{p.relative_to(REPO)} imports {sorted(bad)}"
 
 
 def test_lower_layers_never_import_higher_ones():
     for m, targets in _graph().items():
         for t in targets:
-            assert LAYER[t.split(".")[0]] <= LAYER[m.split(".")[0]], f"{m} imports {t}"
+            assert _layer(t) <= _layer(m), f"{m} imports {t}"
+
+
+def test_one_import_package():
+    """Our own code is imported as `coopflow.<part>` only: never by a part's folder name (from a checkout's root
+    `import stages` would load a second copy of the same files)."""
+    for name, p in _modules().items():
+        bad = {m for m in _runtime_imports(p) | _all_imports(p) if m.split(".")[0] in PARTS}
+        assert not bad, f"{p.relative_to(REPO)} imports {sorted(bad)}"
+
+
+def _all_imports(path: Path) -> set[str]:
+    """Every module an import statement names (type-checking ones too)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+    return out
 
 
 def test_stages_tree_is_the_pipeline():

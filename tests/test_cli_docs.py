@@ -4,14 +4,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from schemas.config import (AgentsConfig, CriticConfig, FormatterConfig, IACConfig, IACRunConfig, MAACConfig,
+from coopflow.schemas.config import (AgentsConfig, CriticConfig, FormatterConfig, IACConfig, IACRunConfig, MAACConfig,
                             MADPOIterConfig, MAGRPOConfig, MARLHFConfig, RayConfig, RewardConfig, RunConfig, TasksetConfig, TrackingConfig, TransitionConfig)
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "coopflow.flows.cli", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
 
 
@@ -57,7 +57,7 @@ def test_readme_documents_every_config_field():
 
 
 def test_readme_config_reference_is_current():
-    from flows.cli import config_reference
+    from coopflow.flows.cli import config_reference
 
     readme = (REPO / "README.md").read_text()
     start = readme.index("<!-- config-reference:start")
@@ -90,7 +90,7 @@ def test_shipped_config_works_with_every_flow():
 
 
 def test_every_shipped_config_validates_for_its_flow():
-    from schemas.config import load_config
+    from coopflow.schemas.config import load_config
 
     algo = {"magrpo-story": "magrpo", "magrpo-multiturn": "magrpo", "iac-story": "iac", "maac-story": "maac",
             "madpo-story": "madpo", "marlhf-story": "marlhf", "madpo-iter-story": "madpo-iter",

@@ -16,7 +16,7 @@ def _run(tmp_path, *extra):
     env = {**os.environ, "COOPFLOW_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect")}
     env.pop("PREFECT_API_URL", None)
     env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.run([sys.executable, "-m", "flows.cli", "run", "train-magrpo", "--config",
+    return subprocess.run([sys.executable, "-m", "coopflow.flows.cli", "run", "train-magrpo", "--config",
                            "configs/magrpo-story.yaml", "--no-progress", *extra],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 

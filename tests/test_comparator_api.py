@@ -6,7 +6,7 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from stages.rollout.comparator_api import APIComparator
+from coopflow.stages.rollout.comparator_api import APIComparator
 from tests import helpers
 
 SEEN: list[dict] = []
@@ -105,11 +105,11 @@ def test_errors_402_4xx_timeout_and_retry(server):
 
 
 def test_api_comparator_in_a_round(server, tmp_path):
-    from schemas.config import validate_config
-    from stages.loops import rounds as I
-    from artifacts import ArtifactStore
-    from stages.loops.context import make_context
-    from stages.tasks.taskset import build_taskset
+    from coopflow.schemas.config import validate_config
+    from coopflow.stages.loops import rounds as I
+    from coopflow.artifacts import ArtifactStore
+    from coopflow.stages.loops.context import make_context
+    from coopflow.stages.tasks.taskset import build_taskset
     from tests.conftest import small_config
 
     cfg = small_config(tmp_path)
@@ -127,7 +127,7 @@ def test_api_comparator_in_a_round(server, tmp_path):
 
 def test_retries_back_off_exponentially(server, monkeypatch):
     """A 5xx or a timeout is retried after 0.5 s, 1 s, 2 s, ... (with +-20 % jitter), not at once."""
-    import stages.rollout.comparator_api as C
+    import coopflow.stages.rollout.comparator_api as C
 
     waits = []
     monkeypatch.setattr(C, "_sleep", waits.append)
@@ -143,9 +143,9 @@ def test_secrets_never_reach_flow_parameters_or_mlflow_params(server, monkeypatc
     only their names); MLflow params mask whatever secret a config still holds; 'env:VAR' headers resolve."""
     import os
 
-    from flows.cli import secrets_to_env
-    from flows.train import _public
-    from schemas.config import load_config
+    from coopflow.flows.cli import secrets_to_env
+    from coopflow.flows.train import _public
+    from coopflow.schemas.config import load_config
 
     monkeypatch.delenv("COOPFLOW_COMPARATOR_API_KEY", raising=False)
     out = secrets_to_env(["seed=1", "trainer.comparator_api_key=sk-SECRET1",
@@ -173,7 +173,7 @@ def test_the_key_appears_nowhere_after_a_tracked_run(server, tmp_path, capfd):
     """An API-comparator round through the Python API with MLflow tracking: the key, given in the config, is in
     no MLflow table, no artifact file and no output (headers and errors never echo it)."""
     from coopflow._direct import run_tracked
-    from schemas.config import validate_config
+    from coopflow.schemas.config import validate_config
     from tests.conftest import small_config
 
     key, header = "sk-NEVER-LOGGED-4711", "hdr-NEVER-LOGGED-0815"

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from schemas.config import validate_config
-from stages.agents import decode as FD
-from stages.loops.run import run_direct
+from coopflow.schemas.config import validate_config
+from coopflow.stages.agents import decode as FD
+from coopflow.stages.loops.run import run_direct
 from tests.conftest import small_config
 
 BF16 = {"agent_model": "tiny", "num_agents": 2, "compute_dtype": "bfloat16"}
@@ -23,9 +23,9 @@ def _weights(ckpt: Path) -> dict:
 
 
 def test_bf16_loss_is_close_to_float32_and_leaves_weights_float32(tiny_model_dir):
-    from stages.agents.models import load_agent_state
-    from stages.agents.state import set_compute_dtype
-    from stages.update.policy_gradient import policy_loss
+    from coopflow.stages.agents.models import load_agent_state
+    from coopflow.stages.agents.state import set_compute_dtype
+    from coopflow.stages.update.policy_gradient import policy_loss
 
     agent = load_agent_state(tiny_model_dir, 1e-3)
     tok = agent.tokenizer
@@ -63,7 +63,7 @@ def test_auto_is_bf16_only_where_the_device_has_native_bf16(monkeypatch):
 
 
 def test_chunk_rows_cover_every_row_within_the_token_cap():
-    from stages.update.policy_gradient import chunk_rows
+    from coopflow.stages.update.policy_gradient import chunk_rows
 
     rows = [([1] * p, [2] * c, 1.0, 0.1) for p, c in [(5, 3), (2, 1), (9, 9), (4, 4), (30, 10), (3, 3)]]
     chunks = chunk_rows(rows, 20)

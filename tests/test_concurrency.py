@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from artifacts import ArtifactStore
+from coopflow.artifacts import ArtifactStore
 from tests.test_faults import _cli, _config, _summary, _weights
 
 pytestmark = pytest.mark.slow

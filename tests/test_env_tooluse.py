@@ -4,8 +4,8 @@ import importlib.util
 
 import pytest
 
-from schemas.config import load_config
-from stages.tasks.envs import tooluse
+from coopflow.schemas.config import load_config
+from coopflow.stages.tasks.envs import tooluse
 
 AREA = {"name": "geo.area", "description": "Area of a rectangle.",
         "parameters": {"type": "dict", "properties": {"width": {"type": "float"}, "height": {"type": "float"},
@@ -106,13 +106,13 @@ def test_bundled_bfcl_data_and_its_answers_score_exact():
 
 @pytest.mark.skipif(not BFCL, reason="pip install --no-deps bfcl-eval (.ci/run does)")
 def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
-    from stages.loops.run import run_direct
+    from coopflow.stages.loops.run import run_direct
 
     cfg = load_config("configs/magrpo-bfcl.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 12,
         "agents.prompt_overflow": "truncate",  # the tiny model's context (1024) is shorter than these prompts
         "taskset.num_items": 2, "taskset.num_eval_items": 2,
-        "formatters": [{"function": "stages.tasks.envs.tooluse:planner_prompt"},
-                       {"function": "stages.tasks.envs.tooluse:executor_prompt"}]}, algorithm="magrpo")
+        "formatters": [{"function": "coopflow.envs.tooluse:planner_prompt"},
+                       {"function": "coopflow.envs.tooluse:executor_prompt"}]}, algorithm="magrpo")
     s = run_direct(cfg)
     assert s["env_steps"] == 2 * 4 and {"eval/bfcl/exact_rate", "eval/bfcl/plan_f1_mean"} <= set(s["eval"])

@@ -4,7 +4,7 @@ import importlib.util
 
 import pytest
 
-from schemas.config import load_config
+from coopflow.schemas.config import load_config
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("bfcl_eval") is None,
                                 reason="pip install --no-deps bfcl-eval (.ci/run does)")
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("bfcl_eval") is None,
 
 @pytest.fixture(scope="module")
 def tasks():
-    from stages.tasks.envs import travel
+    from coopflow.stages.tasks.envs import travel
 
     s = travel.travel_splits()
     return s["train"] + s["eval"]
@@ -23,7 +23,7 @@ def _gt(item):
 
 
 def test_the_ground_truth_scores_full_marks_on_every_turn_of_every_task(tasks):
-    from stages.tasks.envs import travel
+    from coopflow.stages.tasks.envs import travel
 
     assert len(tasks) == 26
     for it in tasks:
@@ -37,7 +37,7 @@ def test_the_ground_truth_scores_full_marks_on_every_turn_of_every_task(tasks):
 def test_branches_never_share_simulator_state(tasks):
     """Two branches from the same task: only the one whose turn 0 made the state-changing calls matches the
     ground-truth state at turn 1 (each reward replays its own branch on a fresh simulator)."""
-    from stages.tasks.envs import travel
+    from coopflow.stages.tasks.envs import travel
 
     it = next(t for t in tasks if travel.replay(t, _gt(t)[:1]) != travel.simulator(t))
     gt = _gt(it)
@@ -49,7 +49,7 @@ def test_branches_never_share_simulator_state(tasks):
 
 
 def test_feedback_shows_results_errors_and_the_next_request(tasks):
-    from stages.tasks.envs import travel
+    from coopflow.stages.tasks.envs import travel
 
     it = tasks[0]
     bad = "get_flight_cost(travel_from='RMS')\nrm_rf(path='/')\nbook_flight(access_token=some_name)"
@@ -66,7 +66,7 @@ def test_feedback_shows_results_errors_and_the_next_request(tasks):
 
 
 def test_malformed_answers_score_zero_calls_and_never_raise(tasks):
-    from stages.tasks.envs import travel
+    from coopflow.stages.tasks.envs import travel
 
     it = tasks[1]
     for junk in ["", "((((", "import os; os.system('x')", "book_flight(" * 50, "\x00\x01"]:
@@ -75,14 +75,14 @@ def test_malformed_answers_score_zero_calls_and_never_raise(tasks):
 
 
 def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
-    from stages.loops.run import run_direct
+    from coopflow.stages.loops.run import run_direct
 
     cfg = load_config("configs/magrpo-travel.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 12,
         "agents.prompt_overflow": "truncate",  # the tiny model's context (1024) is shorter than these prompts
         "taskset.num_items": 2, "taskset.num_eval_items": 2,
-        "formatters": [{"function": "stages.tasks.envs.travel:planner_prompt"},
-                       {"function": "stages.tasks.envs.travel:executor_prompt"}]}, algorithm="magrpo")
+        "formatters": [{"function": "coopflow.envs.travel:planner_prompt"},
+                       {"function": "coopflow.envs.travel:executor_prompt"}]}, algorithm="magrpo")
     s = run_direct(cfg)
     assert s["env_steps"] == 2 * (2 + 2 * 2)  # items x (K root joint actions + K children x K)
     assert {"eval/travel/final_state_match_rate", "eval/turn_2/reward_mean"} <= set(s["eval"])

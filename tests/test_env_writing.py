@@ -2,8 +2,8 @@
 
 import pytest
 
-from schemas.config import load_config
-from stages.tasks.envs import writing
+from coopflow.schemas.config import load_config
+from coopflow.stages.tasks.envs import writing
 
 
 def test_bundled_posts_split_12_4():
@@ -44,7 +44,7 @@ def test_eval_hooks_report_lengths_ratio_and_target_rates():
 
 
 def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
-    from stages.loops.run import run_direct
+    from coopflow.stages.loops.run import run_direct
 
     cfg = load_config("configs/magrpo-tldr.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 24,
@@ -58,9 +58,9 @@ def test_the_hf_tldr_path_reads_a_local_dataset_of_the_same_shape(tmp_path):
     """`taskset.name: hf:trl-lib/tldr` online; offline the same loader reads a local dataset dir of that shape."""
     import json
 
-    from artifacts import ArtifactStore
-    from schemas.config import TasksetConfig
-    from stages.tasks.taskset import build_taskset, load_items
+    from coopflow.artifacts import ArtifactStore
+    from coopflow.schemas.config import TasksetConfig
+    from coopflow.stages.tasks.taskset import build_taskset, load_items
 
     d = tmp_path / "tldr"
     d.mkdir()

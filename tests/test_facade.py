@@ -29,7 +29,7 @@ def _small(cls, **kw):
 
 
 def test_the_reference_import_paths_export_the_flows_own_config_classes():
-    import schemas.config as S
+    import coopflow.schemas.config as S
 
     paths = {"coopflow.trainers.reinforce.magrpo": ["MAGRPOConfig", "MAGRPOTrainer"],
              "coopflow.trainers.reinforce.mareinforce": ["MAREINFORCEConfig", "MAREINFORCETrainer"],
@@ -82,14 +82,14 @@ def test_the_reference_import_paths_export_the_flows_own_config_classes():
     ("MARLHFIterConfig", {"preference_scoring_reward": "oracle"}, "preference_scoring_reward"),
 ])
 def test_every_invalid_value_is_a_value_error_naming_the_field(cls, kw, field):
-    import schemas.config as S
+    import coopflow.schemas.config as S
 
     with pytest.raises(ValueError, match=field):
         getattr(S, cls)(**kw)
 
 
 def test_accepted_combinations():
-    import schemas.config as S
+    import coopflow.schemas.config as S
 
     assert S.MAGRPOConfig(parallel_training="none").parallel_training == "none"
     assert S.MAGRPOConfig(parallel_training="null").parallel_training == "none"
@@ -160,6 +160,24 @@ def test_public_attributes_critic_counts_and_references(tiny_model_dir, tmp_path
     assert len(kl.optimizers) == 2
 
 
+def test_model_keyword_and_agent_models_attribute(tiny_model_dir):
+    """The reference README's `model=` names the agent model (as agent_model= does); `agent_models` lists the
+    agents' models, the same objects `agents` holds and `train()` trains in place."""
+    from coopflow.trainers import MAGRPOConfig, MAGRPOTrainer
+
+    src = str(tiny_model_dir)
+    by_model = MAGRPOTrainer(model=src, reward_func=length_ratio, args=_small(MAGRPOConfig), train_dataset=_ds())
+    by_agent_model = MAGRPOTrainer(agent_model=src, reward_func=length_ratio, args=_small(MAGRPOConfig),
+                                   train_dataset=_ds())
+    assert by_model.num_agents == 2 and len(by_model.agent_models) == 2
+    assert all(a is b for a, b in zip(by_model.agent_models, by_model.agents))
+    assert by_model.run_config().agents == by_agent_model.run_config().agents
+    for a, b in zip(by_model.agent_models, by_agent_model.agent_models):
+        assert all(x.equal(y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    with pytest.raises(ValueError, match="model= and agent_model="):
+        MAGRPOTrainer(model=src, agent_model=src, reward_func=length_ratio, args=_small(MAGRPOConfig))
+
+
 def test_construction_calls_no_tokenizer_method_and_never_generates(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
@@ -180,7 +198,7 @@ def test_construction_calls_no_tokenizer_method_and_never_generates(tiny_model_d
 def test_wandb_config_maps_onto_mlflow_and_functions_become_config_names(tiny_model_dir, tmp_path):
     from coopflow.trainers import MAGRPOConfig, MAGRPOTrainer
     from coopflow.utils.reward_processor import RewardProcessors
-    from stages.score.rewards import length_ratio as builtin
+    from coopflow.stages.score.rewards import length_ratio as builtin
 
     def local_reward(c1, c2):
         return [1.0]
@@ -240,7 +258,7 @@ def test_facade_train_writes_the_same_artifacts_as_the_flow(tiny_model_dir, tmp_
     a = tr.train(show_progress=False)
     cfg = tr.run_config().model_dump(mode="json")
     cfg["data_dir"] = str(tmp_path / "flow")
-    from flows.train import train_magrpo
+    from coopflow.flows.train import train_magrpo
 
     b = train_magrpo(config=cfg)
     assert a["checkpoint"].split("/")[-1] == b["checkpoint"].split("/")[-1]  # the same checkpoint key

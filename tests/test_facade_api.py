@@ -233,13 +233,13 @@ def test_models_and_schedulers(word_tokenizer):
 def test_live_agents_start_only_a_context_with_their_sources(tmp_path):
     """A session's live agents stand in for exactly the sources they were loaded from: a context starting from
     other weights (e.g. a later round's checkpoint) loads those instead."""
-    from artifacts import ArtifactStore
-    from schemas.config import validate_config
-    from stages.agents.state import Policies
-    from stages.loops.context import make_context
-    from stages.loops.segment import acquire_policies
-    from stages.loops.session import Session
-    from stages.tasks.taskset import build_taskset
+    from coopflow.artifacts import ArtifactStore
+    from coopflow.schemas.config import validate_config
+    from coopflow.stages.agents.state import Policies
+    from coopflow.stages.loops.context import make_context
+    from coopflow.stages.loops.segment import acquire_policies
+    from coopflow.stages.loops.session import Session
+    from coopflow.stages.tasks.taskset import build_taskset
     from tests.conftest import small_config
 
     cfg = validate_config(small_config(tmp_path))

@@ -4,9 +4,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, GenerationConfig
 
-from stages.agents import decode as FD
-from stages.rollout.generate import SamplingConfig, generate_for_agent
-from stages.agents.models import load_agent
+from coopflow.stages.agents import decode as FD
+from coopflow.stages.rollout.generate import SamplingConfig, generate_for_agent
+from coopflow.stages.agents.models import load_agent
 
 PROMPTS = ["Once upon a time", "A dog", "the quick brown fox jumps over the lazy", "Hi"]
 
@@ -93,7 +93,7 @@ def test_bf16_matmuls_on_float32_weights_stay_close_to_float32(tiny_model_dir):
 
 
 def test_compute_dtype_setting_resolves_per_machine_and_keys_stay(monkeypatch, tmp_path):
-    from schemas.config import validate_config
+    from coopflow.schemas.config import validate_config
     from tests.conftest import small_config
 
     base = SamplingConfig.of(validate_config(small_config(tmp_path)), 2)
@@ -173,7 +173,7 @@ def test_decode_step_setting_reaches_the_loop_and_never_the_keys(tiny_model_dir,
     left out of the keys (every mode samples the same tokens)."""
     from dataclasses import replace
 
-    from schemas.config import ConfigError, validate_config
+    from coopflow.schemas.config import ConfigError, validate_config
     from tests.conftest import small_config
 
     base = small_config(tmp_path)

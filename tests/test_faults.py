@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from artifacts import ArtifactStore
-from schemas.config import validate_config
+from coopflow.artifacts import ArtifactStore
+from coopflow.schemas.config import validate_config
 from tests.conftest import small_config
 
 pytestmark = pytest.mark.slow
@@ -22,9 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 CHILD = """
 import json, sys
-from artifacts import ArtifactStore
+from coopflow.artifacts import ArtifactStore
 from coopflow._direct import _run
-from schemas.config import validate_config
+from coopflow.schemas.config import validate_config
 cfg = validate_config(json.loads(sys.argv[1]))
 _run(cfg, ArtifactStore(cfg.resolved_data_dir() / "artifacts"), False)
 """
@@ -124,7 +124,7 @@ def test_a_killed_cli_run_leaves_no_prefect_server_behind(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
     env.update(OMP_NUM_THREADS="1", PREFECT_HOME=str(tmp_path / "prefect"), COOPFLOW_FAULT="update@2")
     with open(tmp_path / "out.log", "w") as log:  # files, not pipes: nothing may keep a pipe open after the kill
-        r = subprocess.run([sys.executable, "-m", "flows.cli", "run", "train-magrpo", "--config",
+        r = subprocess.run([sys.executable, "-m", "coopflow.flows.cli", "run", "train-magrpo", "--config",
                             "configs/magrpo-story.yaml", "--set", f"data_dir={tmp_path / 'data'}"],
                            cwd=REPO, env=env, stdout=log, stderr=log, timeout=600)
     assert r.returncode == -signal.SIGKILL, (tmp_path / "out.log").read_text()[-2000:]
@@ -143,7 +143,7 @@ def _cli(flow: str, config: dict, data: Path, log: Path, **env: str) -> subproce
     clean = {k: v for k, v in os.environ.items()
              if k not in ("PREFECT_API_URL", "PREFECT_HOME", "MLFLOW_TRACKING_URI", "COOPFLOW_HOME", "COOPFLOW_FAULT")}
     with open(log, "a") as out:
-        return subprocess.Popen([sys.executable, "-m", "flows.cli", "run", flow, "--config", str(cfg_file),
+        return subprocess.Popen([sys.executable, "-m", "coopflow.flows.cli", "run", flow, "--config", str(cfg_file),
                                  "--set", f"data_dir={data}"], cwd=REPO, stdout=out, stderr=out,
                                 env={**clean, "OMP_NUM_THREADS": "1", **env})
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from schemas.config import ConfigError
+from coopflow.schemas.config import ConfigError
 from tests.conftest import small_config
 
 pytestmark = pytest.mark.slow
@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def first_run(prefect_harness, tmp_path_factory):
-    from flows.train import train_magrpo
+    from coopflow.flows.train import train_magrpo
 
     tmp = tmp_path_factory.mktemp("flow")
     cfg = small_config(tmp)
@@ -47,7 +47,7 @@ def test_flow_smoke_and_mlflow(first_run):
 
 
 def test_cached_second_run_executes_no_stage(first_run):
-    from flows.train import train_magrpo
+    from coopflow.flows.train import train_magrpo
 
     cfg, s, _ = first_run
     again = train_magrpo(config=cfg)
@@ -56,7 +56,7 @@ def test_cached_second_run_executes_no_stage(first_run):
 
 
 def test_mareinforce_flow_differs_only_in_advantage(first_run, tmp_path):
-    from flows.train import train_mareinforce
+    from coopflow.flows.train import train_mareinforce
 
     cfg, s, _ = first_run
     out = train_mareinforce(config={**cfg, "data_dir": str(tmp_path)})
@@ -64,7 +64,7 @@ def test_mareinforce_flow_differs_only_in_advantage(first_run, tmp_path):
 
 
 def test_rerun_evaluate_only(first_run):
-    from flows.train import train_magrpo
+    from coopflow.flows.train import train_magrpo
 
     cfg, s, _ = first_run
     out = train_magrpo(config=cfg, stages=["evaluate"], refresh=["evaluate"])
@@ -73,7 +73,7 @@ def test_rerun_evaluate_only(first_run):
 
 
 def test_rescore_stored_rollouts_with_changed_reward(first_run):
-    from flows.train import train_magrpo
+    from coopflow.flows.train import train_magrpo
 
     cfg, s, _ = first_run
     changed = {**cfg, "reward": {"name": "tests.helpers:loose_length_ratio"}}
@@ -83,7 +83,7 @@ def test_rescore_stored_rollouts_with_changed_reward(first_run):
 
 
 def test_invalid_config_fails_before_any_model_loads(prefect_harness, tmp_path):
-    from flows.train import train_magrpo
+    from coopflow.flows.train import train_magrpo
 
     bad = small_config(tmp_path, trainer={**small_config(tmp_path)["trainer"], "num_generations": 1})
     with pytest.raises(ConfigError, match="trainer.num_generations"):
@@ -95,7 +95,7 @@ def test_continue_training_into_the_same_mlflow_run(prefect_harness, tmp_path):
     """1 epoch, then continue to 3 epochs: same MLflow run, env_step continues, equals an uninterrupted run."""
     from mlflow.tracking import MlflowClient
 
-    from flows.train import train_magrpo
+    from coopflow.flows.train import train_magrpo
     from tests.test_training import _weights
 
     one = small_config(tmp_path / "a")
@@ -123,7 +123,7 @@ def test_continue_training_into_the_same_mlflow_run(prefect_harness, tmp_path):
 def test_multi_turn_flow_logs_per_turn_metrics_and_the_early_termination_warning(prefect_harness, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from flows.train import train_magrpo
+    from coopflow.flows.train import train_magrpo
 
     cfg = small_config(tmp_path, transition={"name": "feedback"})
     cfg["trainer"] = {**cfg["trainer"], "num_turns": 2, "early_termination_threshold": -0.2}
@@ -141,7 +141,7 @@ def test_multi_turn_flow_logs_per_turn_metrics_and_the_early_termination_warning
 def test_actor_critic_flows_log_the_reference_metric_names(prefect_harness, tmp_path, algo):
     from mlflow.tracking import MlflowClient
 
-    from flows.train import FLOWS
+    from coopflow.flows.train import FLOWS
 
     cfg = small_config(tmp_path, critic={"critic_model": "tiny"})
     cfg["trainer"] = {"num_train_epochs": 1, "num_turns": 1, "max_new_tokens": 8, "rollout_buffer_size": 2,
@@ -164,7 +164,7 @@ def test_actor_critic_flows_log_the_reference_metric_names(prefect_harness, tmp_
 def test_preference_flows_track_pairs_and_rerun_only_downstream(prefect_harness, tmp_path, algo):
     from mlflow.tracking import MlflowClient
 
-    from flows.train import FLOWS
+    from coopflow.flows.train import FLOWS
 
     cfg = small_config(tmp_path)
     cfg["trainer"] = {"num_train_epochs": 1, "agent_learning_rate": 1e-3, "max_new_tokens": 8, "temperature": 1.0,
@@ -194,7 +194,7 @@ def test_preference_flows_track_pairs_and_rerun_only_downstream(prefect_harness,
 def test_madpo_iter_flow_one_round_per_run_into_one_parent_mlflow_run(prefect_harness, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from flows.train import train_madpo_iter
+    from coopflow.flows.train import train_madpo_iter
 
     cfg = small_config(tmp_path)
     cfg["trainer"] = {"num_iterations": 3, "agent_learning_rate": 1e-3, "max_new_tokens": 8, "temperature": 1.0,
@@ -219,7 +219,7 @@ def test_madpo_iter_flow_one_round_per_run_into_one_parent_mlflow_run(prefect_ha
 def test_marlhf_iter_flow_logs_each_rounds_rl_metrics_in_its_child_run(prefect_harness, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from flows.train import train_marlhf_iter
+    from coopflow.flows.train import train_marlhf_iter
 
     cfg = small_config(tmp_path)
     cfg["trainer"] = {"num_iterations": 2, "agent_learning_rate": 1e-3, "max_new_tokens": 8, "temperature": 1.0,

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from artifacts import ArtifactStore
-from schemas.config import validate_config
-from stages.agents.checkpoint import find_checkpoint, is_weights_only, weights_only_key
-from stages.loops.run import run_direct
+from coopflow.artifacts import ArtifactStore
+from coopflow.schemas.config import validate_config
+from coopflow.stages.agents.checkpoint import find_checkpoint, is_weights_only, weights_only_key
+from coopflow.stages.loops.run import run_direct
 from tests.conftest import small_config
 
 ONE_PER_SEGMENT = {**small_config(Path("."))["trainer"], "rollout_buffer_size": 1}  # 4 updates -> 4 segments
@@ -91,7 +91,7 @@ def test_a_held_run_lock_records_its_keys(tmp_path):
 def test_gc_plan_keeps_what_recorded_runs_need(tmp_path):
     """Without MLflow: roots = one run's final checkpoint. Another run's artifacts are unneeded; the lineage of
     the recorded one (segments, rollouts, scores, advantages) stays; a held lock protects its run's keys."""
-    from stages.loops.gc import Roots, apply_gc, plan_gc
+    from coopflow.stages.loops.gc import Roots, apply_gc, plan_gc
 
     a = run_direct(validate_config(_cfg(tmp_path, checkpoint_optimizer="all")))
     store = ArtifactStore(tmp_path / "artifacts")
@@ -122,8 +122,8 @@ def test_cli_gc_dry_run_then_yes_after_recorded_flow_runs(prefect_harness, tmp_p
     """Two recorded flow runs and one untracked run in one data dir: `coopflow gc` lists bytes per kind and deletes
     nothing; `--yes` deletes exactly the untracked run's artifacts; `verify` passes and rerunning a recorded run
     finds its final checkpoint (nothing trains)."""
-    from flows.cli import main
-    from flows.train import train_magrpo
+    from coopflow.flows.cli import main
+    from coopflow.flows.train import train_magrpo
 
     cfg = small_config(tmp_path, checkpoint_every=1)
     first = train_magrpo(config=cfg)
@@ -135,7 +135,7 @@ def test_cli_gc_dry_run_then_yes_after_recorded_flow_runs(prefect_harness, tmp_p
     assert untracked
 
     lines: list[str] = []
-    from flows import gc as G
+    from coopflow.flows import gc as G
 
     assert G.gc(tmp_path, yes=False, grace_min=0, out=lines.append) == 0
     text = "\n".join(lines)
@@ -160,7 +160,7 @@ def _written(store: ArtifactStore, before: set) -> int:
 def test_disk_estimate_is_within_a_sane_factor_of_what_a_tiny_run_writes(tmp_path, keep):
     """The pre-flight estimate (parameter count from the model's shape, no weights loaded) against the bytes the
     run's checkpoints and rollouts really take (models and the taskset, inputs, not counted)."""
-    from stages.loops.preflight import preflight
+    from coopflow.stages.loops.preflight import preflight
 
     cfg = validate_config(_cfg(tmp_path, checkpoint_optimizer=keep))
     est = preflight(cfg)
@@ -175,7 +175,7 @@ def test_disk_estimate_is_within_a_sane_factor_of_what_a_tiny_run_writes(tmp_pat
 
 
 def test_model_size_reads_safetensors_headers(tiny_model_dir):
-    from stages.loops.preflight import _tiny_params, model_size
+    from coopflow.stages.loops.preflight import _tiny_params, model_size
 
     cfg = validate_config(small_config(Path("/tmp")))
     params, per, other = model_size(str(tiny_model_dir), cfg)
@@ -188,8 +188,8 @@ def test_a_run_that_does_not_fit_on_the_disk_is_refused_before_it_starts(tmp_pat
     import shutil
     from collections import namedtuple
 
-    from flows.cli import main
-    from stages.loops.preflight import PreflightError, preflight
+    from coopflow.flows.cli import main
+    from coopflow.stages.loops.preflight import PreflightError, preflight
 
     cfg = validate_config(_cfg(tmp_path))
     est = preflight(cfg)

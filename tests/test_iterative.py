@@ -2,13 +2,13 @@
 
 import pytest
 
-from schemas.config import ConfigError, validate_config
-from stages.loops import rounds as I
-from artifacts import ArtifactStore
-from stages.loops.context import formatters_for, make_context
-from stages.evaluate.evaluate import evaluate
-from stages.loops.segment import acquire_policies
-from stages.tasks.taskset import build_taskset
+from coopflow.schemas.config import ConfigError, validate_config
+from coopflow.stages.loops import rounds as I
+from coopflow.artifacts import ArtifactStore
+from coopflow.stages.loops.context import formatters_for, make_context
+from coopflow.stages.evaluate.evaluate import evaluate
+from coopflow.stages.loops.segment import acquire_policies
+from coopflow.stages.tasks.taskset import build_taskset
 from tests.conftest import small_config
 
 
@@ -79,13 +79,13 @@ def test_current_copy_comparator_uses_the_agents_on_their_own_devices_else_a_cop
 
 _ROUNDS_SCRIPT = """
 import json, sys
-from schemas.config import validate_config
-from stages.loops import rounds as I
-from artifacts import ArtifactStore
-from stages.loops.context import formatters_for, make_context
-from stages.evaluate.evaluate import evaluate
-from stages.loops.segment import acquire_policies
-from stages.tasks.taskset import build_taskset
+from coopflow.schemas.config import validate_config
+from coopflow.stages.loops import rounds as I
+from coopflow.artifacts import ArtifactStore
+from coopflow.stages.loops.context import formatters_for, make_context
+from coopflow.stages.evaluate.evaluate import evaluate
+from coopflow.stages.loops.segment import acquire_policies
+from coopflow.stages.tasks.taskset import build_taskset
 c = validate_config(json.loads(sys.argv[1]), "madpo-iter")
 store = ArtifactStore(c.data_dir + "/artifacts")
 ctx = make_context(c, store, build_taskset(c.taskset, store))
@@ -140,8 +140,8 @@ def _rlhf_ctx(tmp_path, **trainer):
 
 
 def test_marlhf_iter_fits_a_fresh_reward_model_per_round_and_scores_round_2_with_round_1s(tmp_path):
-    from stages.fit.reward_model import joint_text
-    from stages.loops.preference import load_rm_reward
+    from coopflow.stages.fit.reward_model import joint_text
+    from coopflow.stages.loops.preference import load_rm_reward
 
     ctx = _rlhf_ctx(tmp_path, preference_scoring_reward="reward_model", preference_replay_mode="all_history")
     out = I.run_rounds(ctx)
@@ -186,7 +186,7 @@ def test_marlhf_iter_runs_actor_critic_backends_across_rounds(tmp_path, backend)
 @pytest.mark.slow
 def test_iterative_madpo_improves_the_length_ratio_reward_over_3_rounds(tmp_path):
     """Over seeds 0-2 (measured over seeds 0-4: candidates +0.09 … +0.37, eval +0.21 … +0.42)."""
-    from schemas.config import load_config
+    from coopflow.schemas.config import load_config
     from tests.helpers import LEARNING_SEEDS, assert_learns
 
     target_gains, eval_gains = [], []

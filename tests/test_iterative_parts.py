@@ -5,9 +5,9 @@ from collections import Counter
 
 import pytest
 
-from stages.score.pairs import aligned_comparisons
-from stages.score.replay import check_replay, sample_replay, shard_weights
-from stages.evaluate.reward_drift import bar_svg, drift_metrics, drift_record, histogram
+from coopflow.stages.score.pairs import aligned_comparisons
+from coopflow.stages.score.replay import check_replay, sample_replay, shard_weights
+from coopflow.stages.evaluate.reward_drift import bar_svg, drift_metrics, drift_record, histogram
 
 
 # --- replay --------------------------------------------------------------------------------------

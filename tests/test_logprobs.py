@@ -5,9 +5,9 @@ import functools
 import pytest
 import torch
 
-from stages.rollout.generate import SamplingConfig, generate_for_agent, trim_completion
-from stages.agents.logprobs import pad_batch, sequence_logprobs, token_logprobs
-from stages.agents.models import build_tiny_model, load_agent
+from coopflow.stages.rollout.generate import SamplingConfig, generate_for_agent, trim_completion
+from coopflow.stages.agents.logprobs import pad_batch, sequence_logprobs, token_logprobs
+from coopflow.stages.agents.models import build_tiny_model, load_agent
 
 PROMPTS = ["once upon a time there was a little fox", "the moon", "write a story about the ocean city"]
 
@@ -172,7 +172,7 @@ def _reference_node_loss(model, node, pad):
 
 def test_loss_on_padding_quirk_equals_the_reference_loss_and_gradient(tiny):
     """pad_tail: pads to the node's longest enter the loss, the last token of each padded row does not."""
-    from stages.update.policy_gradient import policy_loss
+    from coopflow.stages.update.policy_gradient import policy_loss
 
     model, tok = tiny[0], tiny[1]
     pad = tok.pad_token_id

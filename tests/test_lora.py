@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from artifacts import ArtifactStore
-from schemas.config import ConfigError, validate_config
-from stages.loops.run import run_direct
+from coopflow.artifacts import ArtifactStore
+from coopflow.schemas.config import ConfigError, validate_config
+from coopflow.stages.loops.run import run_direct
 from tests.conftest import small_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,8 +33,8 @@ def _adapters(ckpt: Path) -> dict:
 
 
 def test_agents_share_one_frozen_base_and_train_only_their_adapters(tiny_model_dir):
-    from schemas.config import LoraSettings
-    from stages.agents.lora import load_lora_policies
+    from coopflow.schemas.config import LoraSettings
+    from coopflow.stages.agents.lora import load_lora_policies
 
     pol = load_lora_policies(str(tiny_model_dir), [None, None, None], LoraSettings(r=4), 1e-3, "float32", "sdpa",
                              "cpu", None, True, seed=0)
@@ -90,12 +90,12 @@ def test_lora_checkpoints_hold_adapters_and_resume_exactly(tmp_path, pinned_thre
 
 
 def test_merge_lora_exports_full_models_that_match_the_adapters(tmp_path):
-    from stages.agents.lora import load_merged
-    from stages.agents.models import load_agent
+    from coopflow.stages.agents.lora import load_merged
+    from coopflow.stages.agents.models import load_agent
 
     s = run_direct(validate_config(_cfg(tmp_path / "run")))
     ckpt = Path(s["checkpoint"])
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "merge-lora", str(ckpt), str(tmp_path / "out")],
+    r = subprocess.run([sys.executable, "-m", "coopflow.flows.cli", "merge-lora", str(ckpt), str(tmp_path / "out")],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [str(tmp_path / "out" / "agent_0"), str(tmp_path / "out" / "agent_1")]
@@ -106,7 +106,7 @@ def test_merge_lora_exports_full_models_that_match_the_adapters(tmp_path):
     with torch.no_grad():
         assert torch.allclose(full(**ids).logits, merged(**ids).logits, atol=1e-5)
         assert not torch.allclose(full(**ids).logits, plain(**ids).logits, atol=1e-4)  # the two agents differ
-    bad = subprocess.run([sys.executable, "-m", "flows.cli", "merge-lora", str(tmp_path), str(tmp_path / "o2")],
+    bad = subprocess.run([sys.executable, "-m", "coopflow.flows.cli", "merge-lora", str(tmp_path), str(tmp_path / "o2")],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "holds no LoRA agents" in bad.stderr
 

@@ -3,10 +3,10 @@
 import subprocess
 import sys
 
-from artifacts import ArtifactStore
-from schemas.config import validate_config
-from stages.loops.context import make_context
-from stages.tasks.taskset import build_taskset
+from coopflow.artifacts import ArtifactStore
+from coopflow.schemas.config import validate_config
+from coopflow.stages.loops.context import make_context
+from coopflow.stages.tasks.taskset import build_taskset
 from tests.conftest import small_config
 
 
@@ -16,8 +16,8 @@ def _dead_pid() -> int:
 
 
 def test_a_killed_runs_mlflow_run_is_continued_and_older_ones_closed(tmp_path, prefect_harness):
-    from flows.tracking import owner_tags, tracker_for
-    from flows.train import FLOWS
+    from coopflow.flows.tracking import owner_tags, tracker_for
+    from coopflow.flows.train import FLOWS
 
     data = small_config(tmp_path)
     cfg = validate_config(data, "magrpo")
@@ -46,7 +46,7 @@ def test_a_killed_runs_mlflow_run_is_continued_and_older_ones_closed(tmp_path, p
 
 def test_mlflow_writes_retry_while_the_database_is_locked(tmp_path, monkeypatch):
     """Concurrent runs on one SQLite tracking store: a write that meets `database is locked` is retried."""
-    import flows.tracking as T
+    import coopflow.flows.tracking as T
 
     calls, waits = [], []
     monkeypatch.setattr(T.time, "sleep", waits.append)
@@ -71,7 +71,7 @@ def test_mlflow_writes_retry_while_the_database_is_locked(tmp_path, monkeypatch)
 def test_metric_names_mlflow_refuses_are_logged_under_safe_names(tmp_path):
     """The coding environment's `eval/pass@1`: MLflow refuses `@` in a metric name (the whole batch failed and
     with it the run); the tracker logs it as `eval/pass_at_1` and other refused characters as `_`."""
-    import flows.tracking as T
+    import coopflow.flows.tracking as T
 
     assert T.metric_name("eval/pass@1") == "eval/pass_at_1"
     assert T.metric_name("eval_before/main/defines-entry rate:x.y") == "eval_before/main/defines-entry rate:x.y"

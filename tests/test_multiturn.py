@@ -2,16 +2,16 @@
 
 import pytest
 
-from schemas.config import ConfigError, validate_config
-from artifacts import ArtifactStore
-from stages.loops.context import make_context
-from stages.score.advantages import compute_advantages, joint_returns, tree_children
-from stages.rollout.generate import SamplingConfig
-from stages.agents.models import load_policies
-from stages.score.rewards import RewardCaller, resolve_processor, resolve_reward
-from stages.rollout.tree import Episode, generate_tree
-from stages.evaluate.evaluate import evaluate
-from stages.tasks.transitions import Transition, feedback, plain
+from coopflow.schemas.config import ConfigError, validate_config
+from coopflow.artifacts import ArtifactStore
+from coopflow.stages.loops.context import make_context
+from coopflow.stages.score.advantages import compute_advantages, joint_returns, tree_children
+from coopflow.stages.rollout.generate import SamplingConfig
+from coopflow.stages.agents.models import load_policies
+from coopflow.stages.score.rewards import RewardCaller, resolve_processor, resolve_reward
+from coopflow.stages.rollout.tree import Episode, generate_tree
+from coopflow.stages.evaluate.evaluate import evaluate
+from coopflow.stages.tasks.transitions import Transition, feedback, plain
 from tests import helpers
 from tests.conftest import small_config
 
@@ -219,8 +219,8 @@ def _mt_config(tmp_path, **trainer):
 
 
 def test_multi_turn_run_logs_per_turn_metrics_and_reruns_from_cache(tmp_path):
-    from stages.tasks.taskset import build_taskset
-    from stages.loops.run import run_direct
+    from coopflow.stages.tasks.taskset import build_taskset
+    from coopflow.stages.loops.run import run_direct
 
     cfg = _mt_config(tmp_path)
     s = run_direct(cfg)
@@ -238,7 +238,7 @@ def test_multi_turn_run_logs_per_turn_metrics_and_reruns_from_cache(tmp_path):
 
 
 def test_unreachable_turn_warning_for_the_reference_default_threshold(tmp_path):
-    from stages.tasks.taskset import build_taskset
+    from coopflow.stages.tasks.taskset import build_taskset
 
     cfg = _mt_config(tmp_path, early_termination_threshold=-0.2)
     store = ArtifactStore(tmp_path / "artifacts")
@@ -249,7 +249,7 @@ def test_unreachable_turn_warning_for_the_reference_default_threshold(tmp_path):
 
 
 def test_a_broken_transition_fails_the_run_with_its_name(tmp_path):
-    from stages.loops.run import run_direct
+    from coopflow.stages.loops.run import run_direct
 
     cfg = small_config(tmp_path, transition={"name": "tests.helpers:one_prompt_transition"})
     cfg["trainer"] = {**cfg["trainer"], "num_turns": 2, "early_termination_threshold": None}
@@ -261,8 +261,8 @@ def test_a_broken_transition_fails_the_run_with_its_name(tmp_path):
 def test_multi_turn_magrpo_learns_the_length_ratio_task(tmp_path):
     """The shipped multi-turn example over seeds 0-2: the joint reward (both turns) rises over 2 epochs of 8 items
     (measured gains over seeds 0-4: +0.47 … +0.55; turn-2 eval 0.95 … 1.0)."""
-    from schemas.config import load_config
-    from stages.loops.run import run_direct
+    from coopflow.schemas.config import load_config
+    from coopflow.stages.loops.run import run_direct
 
     gains, evals = [], []
     for seed in helpers.LEARNING_SEEDS:

@@ -5,16 +5,16 @@ import random
 import pytest
 import torch
 
-from schemas.config import ConfigError, validate_config
-from artifacts import ArtifactStore
-from stages.loops.context import formatters_for, make_context
-from stages.evaluate.evaluate import evaluate
-from stages.loops import preference as P
-from stages.score.pairs import build_pairs, select_pairs
-from stages.fit.reward_model import bt_loss, fit_reward_model, joint_text, load_reward_model, rank_metrics
-from stages.agents.models import load_agent
-from stages.agents.state import AgentState
-from stages.update.dpo import dpo_loss, dpo_step, trim_at_pad
+from coopflow.schemas.config import ConfigError, validate_config
+from coopflow.artifacts import ArtifactStore
+from coopflow.stages.loops.context import formatters_for, make_context
+from coopflow.stages.evaluate.evaluate import evaluate
+from coopflow.stages.loops import preference as P
+from coopflow.stages.score.pairs import build_pairs, select_pairs
+from coopflow.stages.fit.reward_model import bt_loss, fit_reward_model, joint_text, load_reward_model, rank_metrics
+from coopflow.stages.agents.models import load_agent
+from coopflow.stages.agents.state import AgentState
+from coopflow.stages.update.dpo import dpo_loss, dpo_step, trim_at_pad
 from tests.conftest import small_config
 from tests.helpers import LEARNING_SEEDS, assert_learns
 
@@ -170,10 +170,10 @@ def test_marlhf_reruns_only_the_reward_model_and_downstream(tmp_path):
 def test_madpo_moves_the_task_reward(tmp_path):
     """The shipped MADPO config over seeds 0-2: the trained agents' eval reward beats the initial agents' (same
     eval seed); measured gains over seeds 0-4: +0.12, +0.24, +0.09, +0.19, +0.02."""
-    from schemas.config import load_config
-    from stages.tasks.taskset import build_taskset
-    from stages.common.seeds import derive_seed
-    from stages.agents.models import load_policies
+    from coopflow.schemas.config import load_config
+    from coopflow.stages.tasks.taskset import build_taskset
+    from coopflow.stages.common.seeds import derive_seed
+    from coopflow.stages.agents.models import load_policies
 
     gains = []
     for seed in LEARNING_SEEDS:
@@ -191,10 +191,10 @@ def test_madpo_moves_the_task_reward(tmp_path):
 
 def _marlhf_gain(tmp_path, seed: int, overrides: tuple = ()) -> tuple[float, dict]:
     """Task-reward gain of the shipped MARLHF config at `seed` (eval of the trained vs the initial agents)."""
-    from schemas.config import load_config
-    from stages.agents.models import load_policies
-    from stages.common.seeds import derive_seed
-    from stages.tasks.taskset import build_taskset
+    from coopflow.schemas.config import load_config
+    from coopflow.stages.agents.models import load_policies
+    from coopflow.stages.common.seeds import derive_seed
+    from coopflow.stages.tasks.taskset import build_taskset
 
     cfg = load_config("configs/marlhf-story.yaml", [f"data_dir={tmp_path}", f"seed={seed}", *overrides],
                       algorithm="marlhf")

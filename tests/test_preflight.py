@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas.config import validate_config
-from stages.loops.preflight import PreflightError, preflight
+from coopflow.schemas.config import validate_config
+from coopflow.stages.loops.preflight import PreflightError, preflight
 from tests.conftest import small_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,7 +66,7 @@ def test_a_good_config_passes_and_builds_its_taskset(tmp_path):
 
 def test_cli_refuses_bad_input_in_seconds_with_one_line(tmp_path):
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "run", "train-magrpo", "--config",
+    r = subprocess.run([sys.executable, "-m", "coopflow.flows.cli", "run", "train-magrpo", "--config",
                         "configs/magrpo-story.yaml",
                         "--set", f"data_dir={tmp_path / 'data'}", "--set", "reward.name=no_such_module:reward"],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -104,7 +104,7 @@ def test_cli_refuses_bad_configs_with_one_line(tmp_path, setup, args, match):
     args = [a.format(p=tmp_path) for a in args]
     if "--config" not in args:
         args = ["--config", "configs/magrpo-story.yaml", *args]
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "run", "train-magrpo", *args,
+    r = subprocess.run([sys.executable, "-m", "coopflow.flows.cli", "run", "train-magrpo", *args,
                         "--set", f"data_dir={tmp_path / 'data'}"], cwd=REPO, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 2, r.stderr[-2000:]

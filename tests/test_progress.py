@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from stages.common import progress
+from coopflow.stages.common import progress
 
 PROMPTS = ["write a story about a robot", "the moon"]
 
@@ -27,13 +27,13 @@ def _lines(caplog, logger: str) -> list[str]:
 
 @pytest.mark.parametrize("backend", ["auto", "hf"])
 def test_generation_heartbeat_reports_tokens_and_rate(tiny_model_dir, beat_always, backend):
-    from stages.agents.models import load_agent_state
-    from stages.rollout.generate import SamplingConfig, generate_for_agent
+    from coopflow.stages.agents.models import load_agent_state
+    from coopflow.stages.rollout.generate import SamplingConfig, generate_for_agent
 
     agent = load_agent_state(tiny_model_dir, 1e-3)
     sampling = SamplingConfig(2, 6, 1.0, 1.0, None, backend)
     rows = generate_for_agent(agent.model, agent.tokenizer, PROMPTS, 2, sampling, seed=3, label="agent 1")
-    lines = _lines(beat_always, "stages.rollout.generate")
+    lines = _lines(beat_always, "coopflow.stages.rollout.generate")
     steps = max(len(r[1]) for r in rows)
     assert len(lines) >= steps  # a beat per decoded token at interval 0, then the last line
     assert re.fullmatch(r"generate agent 1: 1/6 tokens × 4 sequences, [\d.]+ tokens/s, [\d.]+ s", lines[0]), lines[0]
@@ -42,18 +42,18 @@ def test_generation_heartbeat_reports_tokens_and_rate(tiny_model_dir, beat_alway
 
 
 def test_generation_is_quiet_when_shorter_than_the_interval(tiny_model_dir, caplog):
-    from stages.agents.models import load_agent_state
-    from stages.rollout.generate import SamplingConfig, generate_for_agent
+    from coopflow.stages.agents.models import load_agent_state
+    from coopflow.stages.rollout.generate import SamplingConfig, generate_for_agent
 
     caplog.set_level(logging.INFO, logger="stages")
     agent = load_agent_state(tiny_model_dir, 1e-3)
     generate_for_agent(agent.model, agent.tokenizer, PROMPTS, 1, SamplingConfig(1, 4, 1.0, 1.0, None), seed=0)
-    assert not _lines(caplog, "stages.rollout.generate")
+    assert not _lines(caplog, "coopflow.stages.rollout.generate")
 
 
 def test_agent_worker_heartbeats_reach_the_main_process(tiny_model_dir, beat_always):
-    from stages.agents.workers import WorkerPolicies
-    from stages.rollout.generate import SamplingConfig, generate_rollouts
+    from coopflow.stages.agents.workers import WorkerPolicies
+    from coopflow.stages.rollout.generate import SamplingConfig, generate_rollouts
 
     pol = WorkerPolicies([tiny_model_dir, tiny_model_dir], 1e-3, "float32", "sdpa", ["cpu", "cpu"])
     try:
@@ -62,29 +62,29 @@ def test_agent_worker_heartbeats_reach_the_main_process(tiny_model_dir, beat_alw
     finally:
         pol.close()
     assert len(rows) == 2 * 2 * 2
-    lines = _lines(beat_always, "stages.rollout.generate")
+    lines = _lines(beat_always, "coopflow.stages.rollout.generate")
     for a in (0, 1):  # each worker's lines, relayed under the worker's logger name
         mine = [x for x in lines if x.startswith(f"generate agent {a} turn 2: ")]
         assert mine and all("tokens/s" in x for x in mine) and "done" in mine[-1], lines
 
 
 def test_scoring_heartbeat_counts_joint_actions(beat_always):
-    from stages.score.rewards import RewardCaller, length_ratio
-    from stages.score.scores import score_rewards
+    from coopflow.stages.score.rewards import RewardCaller, length_ratio
+    from coopflow.stages.score.scores import score_rewards
 
     rollouts = [{"step": 0, "turn": 0, "node_id": node, "item_id": node, "agent": a, "sample": s, "prompt": "p",
                  "completion_text": "x" * (1 + a + s)} for node in range(2) for a in range(2) for s in range(3)]
     items = {0: {"prompt": "p"}, 1: {"prompt": "p"}}
     out = score_rewards(rollouts, items, RewardCaller(length_ratio, 2), lambda x: x, "cross", 0)
     assert len(out) == 2 * 9
-    lines = _lines(beat_always, "stages.score.rewards")
-    assert re.fullmatch(r"score stages\.score\.rewards:length_ratio: 1/18 joint actions, [\d.]+ joint actions/s, "
+    lines = _lines(beat_always, "coopflow.stages.score.rewards")
+    assert re.fullmatch(r"score coopflow\.stages\.score\.rewards:length_ratio: 1/18 joint actions, [\d.]+ joint actions/s, "
                         r"[\d.]+ s", lines[0]), lines[0]
-    assert lines[-1].startswith("score stages.score.rewards:length_ratio: done, 18/18 joint actions")
+    assert lines[-1].startswith("score coopflow.stages.score.rewards:length_ratio: done, 18/18 joint actions")
 
 
 def test_executor_map_reports_progress():
-    from stages.score.executors import ProcessExecutor, invoke
+    from coopflow.stages.score.executors import ProcessExecutor, invoke
 
     seen: list[int] = []
     ex = ProcessExecutor(2)

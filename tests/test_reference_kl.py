@@ -5,12 +5,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from artifacts import ArtifactStore
-from schemas.config import validate_config
-from stages.score.advantages import compute_advantages
-from stages.agents.models import build_tiny_model, load_agent, load_policies
-from stages.agents.reference_kl import apply_reference_kl, k3_kl
-from stages.loops.run import run_direct
+from coopflow.artifacts import ArtifactStore
+from coopflow.schemas.config import validate_config
+from coopflow.stages.score.advantages import compute_advantages
+from coopflow.stages.agents.models import build_tiny_model, load_agent, load_policies
+from coopflow.stages.agents.reference_kl import apply_reference_kl, k3_kl
+from coopflow.stages.loops.run import run_direct
 from tests.conftest import small_config
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from artifacts import ArtifactError, ArtifactStore
-from artifacts.store import PUBLISHED
-from schemas.config import ConfigError, validate_config
-from stages.loops.run import run_direct
+from coopflow.artifacts import ArtifactError, ArtifactStore
+from coopflow.artifacts.store import PUBLISHED
+from coopflow.schemas.config import ConfigError, validate_config
+from coopflow.stages.loops.run import run_direct
 from tests.conftest import small_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -191,7 +191,7 @@ def _cli_run(cfg: dict, data: Path, env: dict, log: Path, **extra) -> int:
     clean = {k: v for k, v in env.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME", "MLFLOW_TRACKING_URI",
                                                         "COOPFLOW_HOME", "COOPFLOW_FAULT")}
     with open(log, "a") as out:
-        return subprocess.run([sys.executable, "-m", "flows.cli", "run", "train-magrpo", "--config", str(cfg_file),
+        return subprocess.run([sys.executable, "-m", "coopflow.flows.cli", "run", "train-magrpo", "--config", str(cfg_file),
                                "--set", f"data_dir={data}", "--summary-json", str(data.with_suffix(".summary.json"))],
                               cwd=REPO, stdout=out, stderr=out, env={**clean, "OMP_NUM_THREADS": "1", **extra},
                               timeout=900).returncode

@@ -6,8 +6,8 @@ import re
 import pytest
 import torch
 
-from stages.score.rewards import BUILTIN_REWARDS, RewardCaller, length_ratio, resolve_processor, resolve_reward, to_floats
-from stages.common.user_code import load_callable
+from coopflow.stages.score.rewards import BUILTIN_REWARDS, RewardCaller, length_ratio, resolve_processor, resolve_reward, to_floats
+from coopflow.stages.common.user_code import load_callable
 
 # --- length_ratio ----------------------------------------------------------------------------------
 
@@ -343,7 +343,7 @@ def test_processor_bad_import_path_raises():
 def test_load_callable_forms():
     assert load_callable("math:sqrt")(9.0) == 3.0
     assert load_callable("math.sqrt")(16.0) == 4.0
-    assert load_callable("stages.score.rewards:length_ratio") is length_ratio
+    assert load_callable("coopflow.rewards:length_ratio") is length_ratio
 
 
 def test_load_callable_missing_module():
@@ -376,8 +376,8 @@ def test_resolve_reward_unknown_name():
 
 
 def _score(fn, n=2, timeout=None):
-    from stages.score.rewards import RewardCaller
-    from stages.score.scores import score_rewards
+    from coopflow.stages.score.rewards import RewardCaller
+    from coopflow.stages.score.scores import score_rewards
 
     rows = [{"step": 0, "turn": 0, "node_id": 0, "item_id": 7, "agent": a, "sample": 0, "prompt": "p",
              "completion_text": f"text {a}"} for a in range(n)]
@@ -394,7 +394,7 @@ def hanging_reward(c1, c2):
 def test_a_hanging_reward_fails_after_its_timeout_naming_it():
     import time
 
-    from stages.score.rewards import RewardError
+    from coopflow.stages.score.rewards import RewardError
 
     t0 = time.perf_counter()
     with pytest.raises(RewardError, match=r"hanging_reward did not return within 0.5 s.*\(item 7, joint action \[0, 0\]\)"):
@@ -413,10 +413,10 @@ def test_a_slow_reward_says_it_is_still_running_and_finishes(monkeypatch, caplog
     """A reward slower than the heartbeat but within its timeout: logged as still running, then scored."""
     import logging
 
-    import stages.score.rewards as R
+    import coopflow.stages.score.rewards as R
 
     monkeypatch.setattr(R, "HEARTBEAT_S", 0.3)
-    with caplog.at_level(logging.INFO, logger="stages.score.rewards"):
+    with caplog.at_level(logging.INFO, logger="coopflow.stages.score.rewards"):
         assert _score(slow_reward, timeout=5)[0]["reward"] == 0.25
     beats = [r.getMessage() for r in caplog.records if "still running" in r.getMessage()]
     assert 2 <= len(beats) <= 4, beats
@@ -424,7 +424,7 @@ def test_a_slow_reward_says_it_is_still_running_and_finishes(monkeypatch, caplog
 
 
 def test_rewards_that_raise_or_return_junk_are_named():
-    from stages.score.rewards import RewardError
+    from coopflow.stages.score.rewards import RewardError
 
     def boom(c1, c2):
         raise KeyError("score")
@@ -445,7 +445,7 @@ def test_rewards_that_raise_or_return_junk_are_named():
 def test_reward_retries_are_opt_in_with_backoff(monkeypatch):
     import time as _time
 
-    from stages.score.rewards import RewardError
+    from coopflow.stages.score.rewards import RewardError
 
     calls, waits = [], []
     monkeypatch.setattr(_time, "sleep", waits.append)
@@ -459,8 +459,8 @@ def test_reward_retries_are_opt_in_with_backoff(monkeypatch):
     with pytest.raises(RewardError, match="ConnectionError from reward function .*flaky"):
         _score(flaky)  # retries off by default: the first failure stops the run
     calls.clear()
-    from stages.score.rewards import RewardCaller
-    from stages.score.scores import score_rewards
+    from coopflow.stages.score.rewards import RewardCaller
+    from coopflow.stages.score.scores import score_rewards
 
     rows = [{"step": 0, "turn": 0, "node_id": 0, "item_id": 7, "agent": a, "sample": 0, "prompt": "p",
              "completion_text": "t"} for a in range(2)]

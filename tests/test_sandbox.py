@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stages.common.sandbox import Isolation, SandboxLimits, run_many, run_python
+from coopflow.stages.common.sandbox import Isolation, SandboxLimits, run_many, run_python
 
 LIMITS = SandboxLimits(timeout_s=2.0, cpu_s=2, memory_mb=512, file_mb=1, max_output_bytes=1000)
 MODES = [pytest.param(Isolation(sys.executable, False), id="process")]

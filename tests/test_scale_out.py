@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from schemas.config import RayConfig, validate_config
-from stages.loops.run import run_direct
-from stages.score.executors import make_executor
-from stages.score.rewards import RewardCaller, RewardError
-from stages.score.scores import score_nodes, score_rewards
+from coopflow.schemas.config import RayConfig, validate_config
+from coopflow.stages.loops.run import run_direct
+from coopflow.stages.score.executors import make_executor
+from coopflow.stages.score.rewards import RewardCaller, RewardError
+from coopflow.stages.score.scores import score_nodes, score_rewards
 from tests import helpers
 from tests.conftest import small_config
 

@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from schemas.tables import TABLES
-from stages.score.rewards import RewardCaller, resolve_processor
-from stages.score.scores import joint_combos, score_rewards
+from coopflow.schemas.tables import TABLES
+from coopflow.stages.score.rewards import RewardCaller, resolve_processor
+from coopflow.stages.score.scores import joint_combos, score_rewards
 
 # --- joint combos ----------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ from datetime import timedelta
 
 
 def test_deployments_names_schedules_and_defaults():
-    from flows.serve import deployments
+    from coopflow.flows.serve import deployments
 
     deps = deployments("nightly", cron="0 3 * * *", config_path="/abs/configs/magrpo-story.yaml")
     assert sorted(d.name for d in deps) == ["nightly"] * 11
@@ -21,8 +21,8 @@ def test_deployments_names_schedules_and_defaults():
 
 
 def test_the_cli_knows_every_flow():
-    from flows.cli import FLOW_NAMES, ITERATIVE
-    from flows.train import FLOWS
+    from coopflow.flows.cli import FLOW_NAMES, ITERATIVE
+    from coopflow.flows.train import FLOWS
 
     assert FLOW_NAMES == tuple(FLOWS) and set(ITERATIVE) == {f for f in FLOWS if f.endswith("-iter")}
 
@@ -67,7 +67,7 @@ def test_coopflow_serve_starts_the_prefect_ui(tmp_path):
                                                             "PREFECT_SERVER_UI_ENABLED")}
     env.update(COOPFLOW_HOME=str(tmp_path / "home"))
     out = open(tmp_path / "serve.log", "w")
-    p = subprocess.Popen([sys.executable, "-m", "flows.cli", "serve", "--port", str(port)], env=env, stdout=out,
+    p = subprocess.Popen([sys.executable, "-m", "coopflow.flows.cli", "serve", "--port", str(port)], env=env, stdout=out,
                          stderr=out, cwd=Path(__file__).resolve().parents[1], start_new_session=True)
     try:
         t0 = time.time()

@@ -6,9 +6,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from artifacts import ArtifactStore
-from schemas.config import TasksetConfig
-from stages.tasks.taskset import build_taskset, load_items
+from coopflow.artifacts import ArtifactStore
+from coopflow.schemas.config import TasksetConfig
+from coopflow.stages.tasks.taskset import build_taskset, load_items
 
 
 def test_builtin_story_taskset(tmp_path):
@@ -157,7 +157,7 @@ def test_held_out_settings_errors(tmp_path):
 
 
 def test_keys_of_configs_without_held_out_fields_are_unchanged(tmp_path):
-    from stages.tasks.taskset import taskset_key
+    from coopflow.stages.tasks.taskset import taskset_key
 
     # the built-in story taskset's key, as computed before the held-out fields existed
     assert taskset_key(TasksetConfig())[0] == "12c3726cd784c007eec956f7"
@@ -169,9 +169,9 @@ def test_keys_of_configs_without_held_out_fields_are_unchanged(tmp_path):
 
 
 def test_a_run_evaluates_on_held_out_items_and_warns_when_it_cannot(tmp_path, caplog):
-    from schemas.config import validate_config
-    from stages.loops.context import make_context
-    from stages.loops.run import run_direct
+    from coopflow.schemas.config import validate_config
+    from coopflow.stages.loops.context import make_context
+    from coopflow.stages.loops.run import run_direct
     from tests.conftest import small_config
 
     path = _rows_file(tmp_path / "d.jsonl", 10)

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from stages.common.threads import choose_threads, usable_cpus
+from coopflow.stages.common.threads import choose_threads, usable_cpus
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_choose_threads_explicit_then_omp_then_cpus_over_runs(cgroup, monkeypatc
 
 
 def test_the_config_field_is_checked():
-    from schemas.config import ConfigError, validate_config
+    from coopflow.schemas.config import ConfigError, validate_config
 
     assert validate_config({"agents": {"agent_model": "tiny", "torch_threads": 2},
                             "trainer": {"num_turns": 1}}).agents.torch_threads == 2

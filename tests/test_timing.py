@@ -3,8 +3,8 @@
 
 from pathlib import Path
 
-from schemas.config import validate_config
-from stages.loops.run import run_direct
+from coopflow.schemas.config import validate_config
+from coopflow.stages.loops.run import run_direct
 from tests.conftest import small_config
 
 

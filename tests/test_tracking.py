@@ -4,7 +4,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from flows.tracking import Tracker, _ticks, reward_curve_svg
+from coopflow.flows.tracking import Tracker, _ticks, reward_curve_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -111,7 +111,7 @@ def test_a_failed_write_surfaces_at_the_next_write(tmp_path, monkeypatch):
     tr.start("r", {}, {"a": 1})
     tr.drain()
     monkeypatch.setattr(tr.client, "log_inputs", lambda *a, **k: (_ for _ in ()).throw(OSError("disk gone")))
-    from artifacts import ArtifactRef
+    from coopflow.artifacts import ArtifactRef
 
     tr.log_dataset("d", ArtifactRef(kind="taskset", key="k", sha256="0" * 64, uri="file:///x", rows=1))
     tr._pending[-1].exception()  # let it fail
@@ -124,7 +124,7 @@ def test_logging_a_dataset_another_run_inserted_at_the_same_moment_is_retried(tm
     finds the row the other run wrote and links it."""
     from mlflow.exceptions import MlflowException
 
-    from artifacts import ArtifactRef
+    from coopflow.artifacts import ArtifactRef
 
     tr = _tracker(tmp_path)
     run_id = tr.start("r", {}, {"a": 1})

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from artifacts import ArtifactStore
-from schemas.config import validate_config
-from stages.loops.plan import plan_segments, plan_updates
-from stages.loops.run import run_direct
+from coopflow.artifacts import ArtifactStore
+from coopflow.schemas.config import validate_config
+from coopflow.stages.loops.plan import plan_segments, plan_updates
+from coopflow.stages.loops.run import run_direct
 from tests.conftest import small_config
 from tests.helpers import LEARNING_SEEDS, assert_learns
 
@@ -74,8 +74,8 @@ def _weights(ckpt: Path) -> dict:
 
 CHILD = """
 import sys
-from schemas.config import validate_config
-from stages.loops.run import run_direct
+from coopflow.schemas.config import validate_config
+from coopflow.stages.loops.run import run_direct
 import json
 cfg = validate_config(json.loads(sys.argv[1]))
 run_direct(cfg)
@@ -122,7 +122,7 @@ def test_kill_and_resume_loses_no_completed_step(tmp_path):
 def test_a_reward_that_raises_mid_run_fails_it_and_the_rerun_after_the_fix_continues(tmp_path, monkeypatch):
     """The reward's service goes down at step 3 of 4: the run fails naming the reward, the item and the joint
     action; once it is back, the same config reuses the stored rollouts and ends with the uninterrupted weights."""
-    from stages.score.rewards import RewardError
+    from coopflow.stages.score.rewards import RewardError
     from tests import helpers
 
     trainer = {**small_config(tmp_path)["trainer"], "rollout_buffer_size": 1}
@@ -159,7 +159,7 @@ def test_mp_workers_match_in_process_training(tmp_path, pinned_threads):
 
 
 def test_mp_worker_errors_surface_with_agent_index(tmp_path):
-    from stages.agents.workers import WorkerPolicies
+    from coopflow.stages.agents.workers import WorkerPolicies
 
     with pytest.raises(FileNotFoundError, match="agent 0 worker"):
         WorkerPolicies([str(tmp_path / "missing-model")], 1e-3, "float32", "sdpa", ["cpu"])

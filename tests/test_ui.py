@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_ui_without_the_full_mlflow_says_how_to_install_it(tmp_path, monkeypatch, capsys):
-    from flows import ui
-    from flows.cli import main
+    from coopflow.flows import ui
+    from coopflow.flows.cli import main
 
     monkeypatch.setattr(ui, "_version", lambda dist: None if dist == "mlflow" else "3.17.2")
     assert main(["ui", "--data-dir", str(tmp_path)]) == 2
@@ -46,8 +46,8 @@ def test_the_ui_extra_pins_the_same_mlflow_as_the_base_dependency():
 
 
 def test_schema_check_tells_a_newer_db_from_an_upgradable_one(tmp_path):
-    from flows.tracking import _prepare_sqlite
-    from flows.tracking import schema_problem
+    from coopflow.flows.tracking import _prepare_sqlite
+    from coopflow.flows.tracking import schema_problem
 
     _prepare_sqlite(tmp_path / "mlflow.db", tmp_path)  # this MLflow's migrated empty store
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -66,7 +66,7 @@ def test_schema_check_tells_a_newer_db_from_an_upgradable_one(tmp_path):
 
 def test_a_run_refuses_a_tracking_db_from_a_newer_mlflow_in_one_line(tmp_path):
     """A data dir whose mlflow.db a newer MLflow wrote: `coopflow run` says so before Prefect starts (exit 2)."""
-    from flows.tracking import _prepare_sqlite
+    from coopflow.flows.tracking import _prepare_sqlite
 
     _prepare_sqlite(tmp_path / "mlflow.db", tmp_path)
     con = sqlite3.connect(tmp_path / "mlflow.db")
@@ -74,13 +74,13 @@ def test_a_run_refuses_a_tracking_db_from_a_newer_mlflow_in_one_line(tmp_path):
         con.execute("UPDATE alembic_version SET version_num = 'f00df00df00d'")
     con.close()
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "COOPFLOW_HOME")}
-    r = subprocess.run([sys.executable, "-m", "flows.cli", "run", "train-magrpo", "--config", "configs/magrpo-story.yaml",
+    r = subprocess.run([sys.executable, "-m", "coopflow.flows.cli", "run", "train-magrpo", "--config", "configs/magrpo-story.yaml",
                         "--set", f"data_dir={tmp_path}"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "written by a newer MLflow" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_server_command_binds_the_host_and_serves_the_data_dir(tmp_path):
-    from flows.ui import server_command
+    from coopflow.flows.ui import server_command
 
     cmd = server_command("sqlite:///x/mlflow.db", tmp_path / "mlartifacts", "127.0.0.1", 5123)
     assert cmd[:4] == [sys.executable, "-m", "mlflow", "server"]
@@ -118,14 +118,14 @@ def _dom(chromium: str, url: str, *needles: str, tries: int = 3) -> str:
 
 @pytest.mark.slow
 def test_coopflow_ui_shows_a_runs_metrics_lineage_and_artifacts(prefect_harness, tmp_path):
-    from flows.ui import missing_ui
+    from coopflow.flows.ui import missing_ui
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("headless Chromium is not installed (Debian: apt-get install -y chromium)")
     if missing_ui():
         pytest.skip(f"the MLflow UI cannot start here: {missing_ui()}")
-    from flows.train import train_magrpo
+    from coopflow.flows.train import train_magrpo
 
     s = train_magrpo(config=small_config(tmp_path))
     run_id = s["mlflow_run_id"]
@@ -133,7 +133,7 @@ def test_coopflow_ui_shows_a_runs_metrics_lineage_and_artifacts(prefect_harness,
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     log = tmp_path / "ui.log"
     with open(log, "w") as out:
-        ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--data-dir", str(tmp_path), "--port",
+        ui = subprocess.Popen([sys.executable, "-m", "coopflow.flows.cli", "ui", "--data-dir", str(tmp_path), "--port",
                                str(port)], cwd=REPO, env=env, stdout=out, stderr=out, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from artifacts import ArtifactStore
+from coopflow.artifacts import ArtifactStore
 from tests.conftest import small_config
 from tests.test_deployment import _wait
 
@@ -57,7 +57,7 @@ def test_two_workers_run_a_seed_sweep_and_rounds_into_one_shared_store(tmp_path)
           "server.log")
     try:
         _wait(lambda: _healthy(url), 180, "the Prefect server")
-        r = subprocess.run([sys.executable, "-m", "flows.cli", "deploy", "--pool", "wp", "--name", "pool"], env=env,
+        r = subprocess.run([sys.executable, "-m", "coopflow.flows.cli", "deploy", "--pool", "wp", "--name", "pool"], env=env,
                            cwd=REPO, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
         assert {"train-magrpo/pool", "train-madpo-iter/pool"} <= set(r.stdout.split())

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from stages.agents.value_heads import ValueHead as _Head
-from stages.agents.value_heads import hidden_size
+from coopflow.stages.agents.value_heads import ValueHead as _Head
+from coopflow.stages.agents.value_heads import hidden_size
 
 __all__ = ["ActorCriticOutput", "ValueHead", "CausalLMWithValueHead"]
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from schemas.config import _parallel_mode
+from coopflow.schemas.config import _parallel_mode
 
 __all__ = ["DeviceScheduler", "normalize_parallel_training"]
 

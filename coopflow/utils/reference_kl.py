@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from stages.agents.logprobs import token_logprobs
+from coopflow.stages.agents.logprobs import token_logprobs
 
 __all__ = ["reference_kl_enabled", "reference_kl_coef", "validate_reference_kl_config", "resolve_reference_devices",
            "clone_reference_models", "load_reference_models_from_sources", "response_token_logprobs",

@@ -7,7 +7,7 @@ use (`reward.processor`), so a trainer given `RewardProcessors.scale(10)` and a 
 
 import math
 
-from stages.score.rewards import resolve_processor
+from coopflow.stages.score.rewards import resolve_processor
 
 __all__ = ["RewardProcessors"]
 

@@ -4,7 +4,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stages.score.rewards import RewardCaller, declared_range
+from coopflow.stages.score.rewards import RewardCaller, declared_range
 
 __all__ = ["set_reward_range", "resolve_reward_range", "call_reward_function", "normalize_reward_lengths"]
 

@@ -134,7 +134,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
             raise ModelPackageMissing(f"converting {gguf.name} needs the package {dep!r}: pip install gguf accelerate")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from stages.agents.models import quiet_transformers
+    from coopflow.stages.agents.models import quiet_transformers
 
     quiet_transformers()
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -151,7 +151,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
 def _key(entry: CatalogEntry) -> tuple[list[Path], str, str]:
     """(GGUF files, the whole GGUF's sha256, the `model` artifact key of its conversion); a digest that differs
     from the catalog's pinned one (a corrupt or different package) is refused."""
-    from artifacts import key_for
+    from coopflow.artifacts import key_for
 
     files = gguf_files(entry)
     digest = _sha256_of(files)

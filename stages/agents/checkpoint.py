@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from artifacts import ArtifactRef, ArtifactStore
+from coopflow.artifacts import ArtifactRef, ArtifactStore
 
 WEIGHTS_ONLY = "-weights"
 """Suffix of the key of a checkpoint stored without its optimizer state."""

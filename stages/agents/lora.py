@@ -31,9 +31,9 @@ from pathlib import Path
 
 import torch
 
-from artifacts import faults
-from stages.agents.models import is_adapter_dir, load_merged
-from stages.agents.state import AgentState, Policies
+from coopflow.artifacts import faults
+from coopflow.stages.agents.models import is_adapter_dir, load_merged
+from coopflow.stages.agents.state import AgentState, Policies
 
 # PEFT still asks transformers 5 for a renamed attribute; nothing for a user to act on
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
@@ -72,7 +72,7 @@ def _add_adapter(peft, model, settings, index: int, src: str | None, seed: int, 
     from peft import get_peft_model, set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    from stages.common.seeds import derive_seed
+    from coopflow.stages.common.seeds import derive_seed
 
     name = f"agent_{index}"
     with torch.random.fork_rng(devices=[]):  # the same init wherever the agent lives (in-process, worker, actor)
@@ -97,7 +97,7 @@ def _agent(peft, tok, index: int, lr: float, with_reference: bool, base: str) ->
 
 
 def _settings(settings):
-    from schemas.config import LoraSettings
+    from coopflow.schemas.config import LoraSettings
 
     return settings if isinstance(settings, LoraSettings) else LoraSettings.model_validate(settings)
 
@@ -107,7 +107,7 @@ def load_lora_policies(base: str, adapters: list[str | None], settings, lr: floa
                        seed: int, specs: list[dict | None] | None = None) -> Policies:
     """N agents as adapters on one base in this process (`adapters[i]`: a stored adapter dir, or None for a
     new one); `specs[i]`: agent i's actor-critic load spec (value head / separate critic)."""
-    from stages.agents.models import attach_actor_critic, load_agent, load_optimizer_state
+    from coopflow.stages.agents.models import attach_actor_critic, load_agent, load_optimizer_state
 
     settings = _settings(settings)
     model, tok = load_agent(base, dtype, attn, device)
@@ -135,7 +135,7 @@ def load_lora_agent(source: str, lr: float, dtype: str, attn: str | None, device
     in-process (same name, same seed), so the agent starts from the same weights; the frozen KL reference
     is the base with the adapter disabled.
     """
-    from stages.agents.models import attach_actor_critic, load_agent, load_optimizer_state
+    from coopflow.stages.agents.models import attach_actor_critic, load_agent, load_optimizer_state
 
     lora = spec["lora"]
     index = int(lora["index"])

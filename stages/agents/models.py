@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from artifacts import faults
-from stages.agents.checkpoint import CheckpointLayout
-from stages.agents.state import AgentState, CriticState, Policies
+from coopflow.artifacts import faults
+from coopflow.stages.agents.checkpoint import CheckpointLayout
+from coopflow.stages.agents.state import AgentState, CriticState, Policies
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +186,7 @@ def load_critic(source: str | Path, lr: float, head_dim: int | None, dtype: str 
                 attn_implementation: str | None = "sdpa", device: str = "cpu", optimizer_file: Path | None = None,
                 actor_tokenizer=None, head_seed: int | None = None) -> CriticState:
     """A critic from a model source; its value head from `source/value_head.pt` when there, else fresh."""
-    from stages.agents.value_heads import load_head, new_head
+    from coopflow.stages.agents.value_heads import load_head, new_head
 
     model, tok = load_agent(source, dtype, attn_implementation, device)
     head = load_head(Path(source), resolve_device(device)) if Path(str(source)).is_dir() else None
@@ -200,7 +200,7 @@ def load_critic(source: str | Path, lr: float, head_dim: int | None, dtype: str 
 
 def save_critic(crit: CriticState, out: Path, optimizer_file: Path | None = None) -> None:
     """An HF dir with the critic LM, its tokenizer and value_head.pt (+ its optimizer state)."""
-    from stages.agents.value_heads import save_head
+    from coopflow.stages.agents.value_heads import save_head
 
     crit.model.save_pretrained(out)
     crit.tokenizer.save_pretrained(out)
@@ -242,7 +242,7 @@ def attach_actor_critic(agent: AgentState, source: str | Path, spec: dict | None
                         attn_implementation: str | None, device: str) -> None:
     """Give an agent the value head or separate critic its spec asks for (nothing for other runs)."""
     if spec and spec.get("head"):
-        from stages.agents.value_heads import load_head, new_head
+        from coopflow.stages.agents.value_heads import load_head, new_head
 
         agent.value_head = load_head(Path(str(source)), resolve_device(device)) if Path(str(source)).is_dir() else None
         agent.value_head = agent.value_head or new_head(agent.model, spec.get("head_dim"), spec.get("head_seed"))
@@ -265,7 +265,7 @@ def save_agent(agent: AgentState, out: Path, index: int) -> None:
         lay.optimizer_dir.mkdir(exist_ok=True)
         torch.save(agent.optimizer.state_dict(), lay.agent_optimizer(index))
     if agent.value_head is not None:
-        from stages.agents.value_heads import save_head
+        from coopflow.stages.agents.value_heads import save_head
 
         save_head(agent.value_head, lay.agent(index))
     if agent.critic is not None:

@@ -37,10 +37,7 @@ def ensure_ray(settings=None):
         address = getattr(settings, "address", None) or os.environ.get("RAY_ADDRESS") or None
         kwargs: dict = {"include_dashboard": False, "log_to_driver": True, "logging_level": "WARNING",
                         "configure_logging": True}
-        # workers import coopflow's packages by name: make this checkout importable on this node's workers
-        root = str(Path(__file__).resolve().parents[2])
-        kwargs["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(
-            p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}}
+        # (workers import the installed `coopflow` package: install it on every node of a joined cluster)
         if address:
             ray.init(address=address, **kwargs)
         else:
@@ -74,7 +71,7 @@ class AgentActor:
         import torch
 
         torch.set_num_threads(max(1, threads))
-        from stages.agents.workers import load_remote_agent
+        from coopflow.stages.agents.workers import load_remote_agent
 
         self.agent = load_remote_agent(*load_args)
 
@@ -136,7 +133,7 @@ class RayPolicies:
                 results.append(None)
                 error = error or (i, RuntimeError(f"actor died: {err}"))
         if error is not None:
-            from stages.agents.workers import error_class
+            from coopflow.stages.agents.workers import error_class
 
             i, cause = error
             raise error_class(type(cause).__name__)(f"agent {i} actor: {type(cause).__name__}: {cause}") from cause
@@ -149,7 +146,7 @@ class RayPolicies:
     @property
     def tokenizers(self) -> list:
         if self._tokenizers is None:
-            from stages.agents.workers import source_tokenizers
+            from coopflow.stages.agents.workers import source_tokenizers
 
             self._tokenizers = source_tokenizers(self._sources)
         return self._tokenizers

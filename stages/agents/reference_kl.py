@@ -11,7 +11,7 @@ baseline and normalization, so a completion that drifts from the reference earns
 
 import torch
 
-from stages.agents.logprobs import sequence_logprobs
+from coopflow.stages.agents.logprobs import sequence_logprobs
 
 
 @torch.no_grad()

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from stages.agents.logprobs import pad_batch, token_logprobs
+from coopflow.stages.agents.logprobs import pad_batch, token_logprobs
 
 HEAD_FILE = "value_head.pt"
 

@@ -47,12 +47,12 @@ class _PipeLogHandler(logging.Handler):
 
 def _forward_logs(conn, settings: dict) -> None:
     """Route this worker's `stages.*` records to the main process, at its level and heartbeat interval."""
-    from stages.common import progress
+    from coopflow.stages.common import progress
 
     progress.HEARTBEAT_S = settings.get("heartbeat_s", progress.HEARTBEAT_S)
     root = logging.getLogger()
     root.handlers = [_PipeLogHandler(conn)]
-    logging.getLogger("stages").setLevel(settings.get("level", logging.WARNING))
+    logging.getLogger("coopflow.stages").setLevel(settings.get("level", logging.WARNING))
 
 
 def _log_here(msg: tuple) -> bool:
@@ -106,10 +106,10 @@ def load_remote_agent(source: str, lr: float, dtype: str, attn: str | None, devi
     """The agent a worker process or Ray actor holds: a full model, or (spec["lora"]) a LoRA adapter on its own
     copy of the base."""
     if spec and spec.get("lora"):
-        from stages.agents.lora import load_lora_agent
+        from coopflow.stages.agents.lora import load_lora_agent
 
         return load_lora_agent(source, lr, dtype, attn, device, optimizer_file, reference_source is not None, spec)
-    from stages.agents.models import load_agent_state
+    from coopflow.stages.agents.models import load_agent_state
 
     return load_agent_state(source, lr, dtype, attn, device, Path(optimizer_file) if optimizer_file else None,
                             reference_source, reference_device, spec)
@@ -137,7 +137,7 @@ def _raise(agent: int, payload) -> None:
     raise cls(f"agent {agent} worker: {name}: {msg}\n--- worker traceback ---\n{tb}")
 
 
-_PRELOAD = ["torch", "transformers", "stages.agents.ops", "stages.agents.models"]
+_PRELOAD = ["torch", "transformers", "coopflow.stages.agents.ops", "coopflow.stages.agents.models"]
 
 
 def _context():
@@ -162,9 +162,9 @@ class WorkerPolicies:
 
         threads = max(1, torch.get_num_threads() // max(1, cpu_workers))
         ctx = _context()
-        from stages.common import progress
+        from coopflow.stages.common import progress
 
-        logs = {"level": logging.getLogger("stages").getEffectiveLevel(), "heartbeat_s": progress.HEARTBEAT_S}
+        logs = {"level": logging.getLogger("coopflow.stages").getEffectiveLevel(), "heartbeat_s": progress.HEARTBEAT_S}
         self.state: dict = {}
         self.critic = None  # MAAC's central critic lives in the main process
         self._conns, self._procs = [], []
@@ -250,7 +250,7 @@ class WorkerPolicies:
 
 def agent_devices(spec: str | list[str] | None, n: int, default: str) -> list[str]:
     """Resolve agent_devices: None -> default for all; a str or 1-list broadcast; n-list one each."""
-    from schemas.config import per_agent_values
+    from coopflow.schemas.config import per_agent_values
 
     return [default] * n if spec is None else per_agent_values(spec, n, "agent_devices")
 

@@ -54,6 +54,28 @@ def register_object(obj) -> str:
     return name
 
 
+_OLD_PARTS = ("stages", "flows", "schemas", "artifacts")
+
+
+def moved_path(path: str) -> str | None:
+    """The current import path of a path into coopflow's code as it was named before coopflow became one package
+    (`stages.tasks.envs.coding:humaneval_reward` -> `coopflow.envs.coding:humaneval_reward`); None for any other
+    path. Checked before importing: from a checkout's root the old folders would still import, a second time."""
+    head = path.split(":", 1)[0].split(".", 1)[0]
+    if head not in _OLD_PARTS:
+        return None
+    mod, sep, attr = path.partition(":")
+    if mod.startswith("stages.tasks.envs."):
+        new = "coopflow.envs." + mod.removeprefix("stages.tasks.envs.")
+    elif mod == "stages.score.rewards" and attr == "length_ratio":
+        new = "coopflow.rewards"
+    elif mod == "stages.tasks.centralized" and attr in ("DelimitedAdapter", "TaggedAdapter"):
+        new = "coopflow.centralized"
+    else:
+        new = "coopflow." + mod
+    return new + sep + attr
+
+
 def load_callable(path: str, what: str = "function") -> Callable:
     """Import 'module:attr' (or 'module.attr'); clear error when it is not there."""
     if path.startswith("mem:"):
@@ -66,6 +88,9 @@ def load_callable(path: str, what: str = "function") -> Callable:
         mod_name, _, attr = path.rpartition(".")
     if not mod_name or not attr:
         raise ValueError(f"{what} {path!r} must be a built-in name or an import path 'module:function'")
+    moved = moved_path(path)
+    if moved:
+        raise ValueError(f"{what} {path!r} names coopflow's code by an old path: use {moved!r}")
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as err:

@@ -15,11 +15,11 @@ evaluation hooks receive each item n times in a row, so an aggregator can report
 import inspect
 from collections.abc import Callable
 
-from stages.rollout.generate import SamplingConfig, generate_rollouts
-from stages.agents.state import PolicyGroup
-from stages.score.rewards import RewardCaller
-from stages.rollout.tree import Episode
-from stages.score.scores import score_nodes, score_rewards
+from coopflow.stages.rollout.generate import SamplingConfig, generate_rollouts
+from coopflow.stages.agents.state import PolicyGroup
+from coopflow.stages.score.rewards import RewardCaller
+from coopflow.stages.rollout.tree import Episode
+from coopflow.stages.score.scores import score_nodes, score_rewards
 
 
 def evaluate(policies: PolicyGroup, items: list[dict], formatters: list[Callable[[dict], str]],

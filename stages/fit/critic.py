@@ -14,8 +14,8 @@ import random
 
 import torch
 
-from stages.agents.state import CriticState
-from stages.agents.value_heads import forward_values
+from coopflow.stages.agents.state import CriticState
+from coopflow.stages.agents.value_heads import forward_values
 
 
 def critic_token_ids(crit: CriticState, samples: list[dict]) -> tuple[list[list[int]], list[list[int]]]:

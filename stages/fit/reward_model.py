@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from stages.agents.models import load_agent, resolve_device
-from stages.agents.state import adamw
-from stages.agents.value_heads import hidden_size
+from coopflow.stages.agents.models import load_agent, resolve_device
+from coopflow.stages.agents.state import adamw
+from coopflow.stages.agents.value_heads import hidden_size
 
 HEAD_FILE = "reward_head.pt"
 

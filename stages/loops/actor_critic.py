@@ -17,12 +17,12 @@ Per update, after the shared tree/rollout stage (`stages.rollout.tree`, with per
 
 from collections import defaultdict
 
-from stages.agents.checkpoint import CheckpointLayout
-from stages.agents.value_heads import joint_critic_text
-from stages.common.seeds import derive_seed
-from stages.score.ac_targets import compute_targets
-from stages.fit.critic import critic_step, predict_values
-from stages.update.actor_critic import agent_values, minibatches, update_actor
+from coopflow.stages.agents.checkpoint import CheckpointLayout
+from coopflow.stages.agents.value_heads import joint_critic_text
+from coopflow.stages.common.seeds import derive_seed
+from coopflow.stages.score.ac_targets import compute_targets
+from coopflow.stages.fit.critic import critic_step, predict_values
+from coopflow.stages.update.actor_critic import agent_values, minibatches, update_actor
 
 
 def agent_specs(cfg, critic_paths: list[str] | None, devices: list[str],

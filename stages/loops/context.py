@@ -16,25 +16,25 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from artifacts import ArtifactRef, ArtifactStore, key_for
-from schemas.config import FormatterConfig, RunConfig, is_local_model_path, missing_model_dir_message
-from stages.agents.catalog import install, is_catalog_name
-from stages.agents.decode import resolve_compute_dtype
-from stages.agents.models import build_tiny_model
-from stages.loops import budget
-from stages.loops.keys import segment_end_keys
-from stages.loops.plan import (STAGE_VERSION, RunPlan, is_actor_critic, plan_segments, plan_updates,
+from coopflow.artifacts import ArtifactRef, ArtifactStore, key_for
+from coopflow.schemas.config import FormatterConfig, RunConfig, is_local_model_path, missing_model_dir_message
+from coopflow.stages.agents.catalog import install, is_catalog_name
+from coopflow.stages.agents.decode import resolve_compute_dtype
+from coopflow.stages.agents.models import build_tiny_model
+from coopflow.stages.loops import budget
+from coopflow.stages.loops.keys import segment_end_keys
+from coopflow.stages.loops.plan import (STAGE_VERSION, RunPlan, is_actor_critic, plan_segments, plan_updates,
                                trains_in_segments)
-from stages.loops.session import Session
-from stages.rollout.generate import SamplingConfig
-from stages.rollout.tree import Episode
-from stages.score.executors import make_executor
-from stages.score.rewards import RewardCaller, declared_range, resolve_processor, resolve_reward, reward_identity
-from stages.score.scores import joint_combos
-from stages.tasks.centralized import CentralizedReward, JointFormatter, RoleSplitLogger, adapter_identity, load_adapter
-from stages.tasks.formatters import build_formatter, chat_wrapper, role_formatter
-from stages.tasks.taskset import eval_overlap, load_items
-from stages.tasks.transitions import Transition, transition_identity
+from coopflow.stages.loops.session import Session
+from coopflow.stages.rollout.generate import SamplingConfig
+from coopflow.stages.rollout.tree import Episode
+from coopflow.stages.score.executors import make_executor
+from coopflow.stages.score.rewards import RewardCaller, declared_range, resolve_processor, resolve_reward, reward_identity
+from coopflow.stages.score.scores import joint_combos
+from coopflow.stages.tasks.centralized import CentralizedReward, JointFormatter, RoleSplitLogger, adapter_identity, load_adapter
+from coopflow.stages.tasks.formatters import build_formatter, chat_wrapper, role_formatter
+from coopflow.stages.tasks.taskset import eval_overlap, load_items
+from coopflow.stages.tasks.transitions import Transition, transition_identity
 
 
 @dataclass(frozen=True)
@@ -225,7 +225,7 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
                       t.early_termination_threshold, t.external_prompt_passthrough, t.discount, reward_per_node=ac)
     hooks = None
     if cfg.eval_logger and cfg.eval_aggregator:
-        from stages.common.user_code import load_callable
+        from coopflow.stages.common.user_code import load_callable
 
         hooks = (load_callable(cfg.eval_logger, "eval_logger"), load_callable(cfg.eval_aggregator, "eval_aggregator"))
         if adapter is not None:  # the user's logger sees the N role outputs, as in a decentralized run

@@ -17,12 +17,12 @@ stored under the key of the policy version it holds.
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from artifacts import key_for
-from stages.loops.plan import STAGE_VERSION, Update, is_actor_critic
-from stages.tasks.taskset import items_digest
+from coopflow.artifacts import key_for
+from coopflow.stages.loops.plan import STAGE_VERSION, Update, is_actor_critic
+from coopflow.stages.tasks.taskset import items_digest
 
 if TYPE_CHECKING:  # the context imports this module to plan its keys
-    from stages.loops.context import RunContext
+    from coopflow.stages.loops.context import RunContext
 
 
 @dataclass(frozen=True)

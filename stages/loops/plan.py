@@ -11,8 +11,8 @@
 
 from dataclasses import dataclass
 
-from schemas.config import ALGORITHM_ADVANTAGE
-from stages.loops import budget
+from coopflow.schemas.config import ALGORITHM_ADVANTAGE
+from coopflow.stages.loops import budget
 
 STAGE_VERSION = "2"  # 2: rollouts carry tree links (part of the rollouts and tiny-model keys)
 AC_ALGORITHMS = ("iac", "maac")

@@ -22,19 +22,19 @@ import random
 import time
 from collections import defaultdict
 
-from artifacts import ArtifactRef, ArtifactStore, key_for
-from schemas.config import RunConfig, rl_trainer_fields, validate_config
-from stages.agents.models import save_checkpoint
-from stages.common.seeds import derive_seed
-from stages.evaluate.evaluate import evaluate
-from stages.loops import budget as budget_mod
-from stages.loops.context import RunContext, formatters_for, make_context, resolve_model_sources
-from stages.loops.run import evaluate_checkpoint, run_segments
-from stages.loops.segment import acquire_policies
-from stages.rollout.generate import SamplingConfig, generate_rollouts
-from stages.score.pairs import build_pairs
-from stages.score.scores import score_rewards
-from stages.tasks.taskset import items_digest
+from coopflow.artifacts import ArtifactRef, ArtifactStore, key_for
+from coopflow.schemas.config import RunConfig, rl_trainer_fields, validate_config
+from coopflow.stages.agents.models import save_checkpoint
+from coopflow.stages.common.seeds import derive_seed
+from coopflow.stages.evaluate.evaluate import evaluate
+from coopflow.stages.loops import budget as budget_mod
+from coopflow.stages.loops.context import RunContext, formatters_for, make_context, resolve_model_sources
+from coopflow.stages.loops.run import evaluate_checkpoint, run_segments
+from coopflow.stages.loops.segment import acquire_policies
+from coopflow.stages.rollout.generate import SamplingConfig, generate_rollouts
+from coopflow.stages.score.pairs import build_pairs
+from coopflow.stages.score.scores import score_rewards
+from coopflow.stages.tasks.taskset import items_digest
 
 STAGE_VERSION = "1"
 
@@ -135,7 +135,7 @@ def train_dpo(ctx: RunContext, pairs: ArtifactRef, show_progress: bool = False) 
     """DPO over the pairs: `num_train_epochs` seeded-shuffled passes in batches of train_batch_size pairs.
 
     Returns {"checkpoint", "metrics", "steps", "cached"} refs (the metrics rows hold the curve)."""
-    from stages.update.dpo import dpo_update
+    from coopflow.stages.update.dpo import dpo_update
 
     store, cfg, t = ctx.store, ctx.cfg, ctx.cfg.trainer
     key = dpo_key(ctx)
@@ -206,7 +206,7 @@ def rm_key(ctx: RunContext) -> str:
 def fit_rm(ctx: RunContext, pairs: ArtifactRef, key: str | None = None) -> tuple[ArtifactRef, dict[str, float]]:
     """The fitted joint reward model (a `reward_model` dir artifact, stored under `key`, default rm_key) and
     its accuracy/margin on the pairs. The model starts fresh from the backbone (trainer.reward_model_name)."""
-    from stages.fit.reward_model import fit_reward_model, load_reward_model, pair_texts, rank_metrics
+    from coopflow.stages.fit.reward_model import fit_reward_model, load_reward_model, pair_texts, rank_metrics
 
     t, store = ctx.cfg.trainer, ctx.store
     texts = pair_texts(store.read_rows(pairs))
@@ -242,7 +242,7 @@ def rl_config(cfg: RunConfig) -> RunConfig:
 
 def load_rm_reward(ctx: RunContext, rm_ref: ArtifactRef):
     """The frozen reward model of `rm_ref` as a reward function over the agents' joint answers."""
-    from stages.fit.reward_model import RewardModelReward, load_reward_model
+    from coopflow.stages.fit.reward_model import RewardModelReward, load_reward_model
 
     cfg, t = ctx.cfg, ctx.cfg.trainer
     rm = load_reward_model(ctx.store.open_dir(rm_ref), cfg.agents.dtype, t.reward_model_device or cfg.agents.device,
@@ -273,7 +273,7 @@ def preference_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRe
 
 def run_preference_direct(cfg: RunConfig, store: ArtifactStore | None = None, session=None) -> dict:
     """MADPO or MARLHF end to end by calling the stages directly; returns a summary dict."""
-    from stages.tasks.taskset import build_taskset
+    from coopflow.stages.tasks.taskset import build_taskset
 
     store = store or ArtifactStore.of(cfg)
     ctx = preference_context(cfg, store, build_taskset(cfg.taskset, store), session)

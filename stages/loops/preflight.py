@@ -19,8 +19,8 @@ import shutil
 import struct
 from pathlib import Path
 
-from schemas.config import RunConfig
-from stages.loops import budget
+from coopflow.schemas.config import RunConfig
+from coopflow.stages.loops import budget
 
 __all__ = ["PreflightError", "preflight", "check_user_code", "disk_estimate", "model_size"]
 
@@ -56,9 +56,9 @@ def check_user_code(cfg: RunConfig) -> None:
 
 
 def _user_code(cfg: RunConfig) -> None:
-    from stages.common.user_code import load_callable
-    from stages.score.rewards import resolve_processor, resolve_reward
-    from stages.tasks.transitions import Transition
+    from coopflow.stages.common.user_code import load_callable
+    from coopflow.stages.score.rewards import resolve_processor, resolve_reward
+    from coopflow.stages.tasks.transitions import Transition
 
     resolve_reward(cfg.reward.name, cfg.reward.kwargs)
     resolve_processor(cfg.reward.processor)
@@ -82,7 +82,7 @@ def _user_code(cfg: RunConfig) -> None:
         if getattr(cfg, field):
             load_callable(getattr(cfg, field), field)
     if cfg.centralized_adapter is not None:
-        from stages.tasks.centralized import load_adapter
+        from coopflow.stages.tasks.centralized import load_adapter
 
         try:
             load_adapter(cfg.centralized_adapter, cfg.centralized_adapter_kwargs)
@@ -93,8 +93,8 @@ def _user_code(cfg: RunConfig) -> None:
 def preflight(cfg: RunConfig) -> "budget.DiskEstimate | None":
     """Raise PreflightError (one line naming the field or file) when the config cannot run; returns the disk
     estimate (None when a model's size is unknown)."""
-    from artifacts import ArtifactStore
-    from stages.tasks.taskset import build_taskset, load_items
+    from coopflow.artifacts import ArtifactStore
+    from coopflow.stages.tasks.taskset import build_taskset, load_items
 
     d = _data_dir(cfg)
     check_user_code(cfg)
@@ -183,7 +183,7 @@ def _dtype_bytes(dtype: str, stored: int) -> int:
 
 def disk_estimate(cfg: RunConfig, train_items: list) -> "budget.DiskEstimate | None":
     """What the run will write into the store (see `budget.estimate_disk`); None when a model's size is unknown."""
-    from stages.loops.plan import is_actor_critic, plan_segments, plan_updates, trains_in_segments
+    from coopflow.stages.loops.plan import is_actor_critic, plan_segments, plan_updates, trains_in_segments
 
     t, a = cfg.trainer, cfg.agents
     sizes = [model_size(s, cfg) for s in cfg.actor_sources()]

@@ -26,23 +26,23 @@ so a rerun skips every completed round and continues from the last one, and a sc
 import random
 from collections.abc import Callable
 
-from artifacts import ArtifactRef, key_for
-from stages.agents.checkpoint import CheckpointLayout
-from stages.agents.models import load_policies, save_checkpoint
-from stages.agents.state import Policies
-from stages.common.seeds import derive_seed
-from stages.evaluate.evaluate import evaluate
-from stages.evaluate.reward_drift import drift_metrics, drift_record
-from stages.loops.context import (RunContext, formatters_for, joint_prompt_parts, processed_range,
+from coopflow.artifacts import ArtifactRef, key_for
+from coopflow.stages.agents.checkpoint import CheckpointLayout
+from coopflow.stages.agents.models import load_policies, save_checkpoint
+from coopflow.stages.agents.state import Policies
+from coopflow.stages.common.seeds import derive_seed
+from coopflow.stages.evaluate.evaluate import evaluate
+from coopflow.stages.evaluate.reward_drift import drift_metrics, drift_record
+from coopflow.stages.loops.context import (RunContext, formatters_for, joint_prompt_parts, processed_range,
                                   resolve_model_sources)
-from stages.loops.keys import ROUND_STAGE_VERSION, rm_round_key
-from stages.loops.run import run_segments
-from stages.loops.segment import acquire_policies, open_checkpoint
-from stages.rollout.generate import SamplingConfig, generate_rollouts
-from stages.score.pairs import aligned_comparisons
-from stages.score.replay import sample_replay
-from stages.score.scores import score_rewards
-from stages.tasks.taskset import items_digest
+from coopflow.stages.loops.keys import ROUND_STAGE_VERSION, rm_round_key
+from coopflow.stages.loops.run import run_segments
+from coopflow.stages.loops.segment import acquire_policies, open_checkpoint
+from coopflow.stages.rollout.generate import SamplingConfig, generate_rollouts
+from coopflow.stages.score.pairs import aligned_comparisons
+from coopflow.stages.score.replay import sample_replay
+from coopflow.stages.score.scores import score_rewards
+from coopflow.stages.tasks.taskset import items_digest
 
 STAGE_VERSION = ROUND_STAGE_VERSION
 
@@ -78,7 +78,7 @@ def _sampling(ctx: RunContext, p: int) -> SamplingConfig:
 
 def _comparator(ctx: RunContext, r: int, keys: list[str], target):
     """(comparator policies, whether they are the target's own models) for round r."""
-    from stages.agents.workers import agent_devices
+    from coopflow.stages.agents.workers import agent_devices
 
     t = ctx.cfg.trainer
     a = ctx.cfg.agents
@@ -123,7 +123,7 @@ def api_rows(ctx: RunContext, prompts: list[list[str]], n: int) -> list[dict]:
 
 def _api(ctx: RunContext):
     """The run's HTTP comparator client."""
-    from stages.rollout.comparator_api import APIComparator
+    from coopflow.stages.rollout.comparator_api import APIComparator
 
     t = ctx.cfg.trainer
     return APIComparator(t.comparator_api_url, t.comparator_api_format, t.comparator_api_model, t.comparator_api_timeout,
@@ -136,8 +136,8 @@ def coordinated_rows(ctx: RunContext, comp, n: int, seed: int) -> list[dict]:
     """Comparator rows written by a centralized coordinator (comparator_generation_mode centralized or
     centralized_sequential, decentralized agents): comparator agent comparator_centralized_agent_index, or the
     API comparator, writes every role."""
-    from stages.rollout.coordinator import coordinator_rows
-    from stages.tasks.centralized import load_adapter
+    from coopflow.stages.rollout.coordinator import coordinator_rows
+    from coopflow.stages.tasks.centralized import load_adapter
 
     cfg, t = ctx.cfg, ctx.cfg.trainer
     idx = t.comparator_centralized_agent_index
@@ -195,7 +195,7 @@ def round_pairs(ctx: RunContext, r: int, target_rows, target_scores, comp_rows, 
 def run_round(ctx: RunContext, r: int, show_progress: bool = False) -> dict:
     """Run round r (1-based) from round r-1's checkpoint; returns refs, this round's metrics and its
     warnings (`cached` when the round was already stored)."""
-    from stages.update.dpo import dpo_update
+    from coopflow.stages.update.dpo import dpo_update
 
     store, cfg, t = ctx.store, ctx.cfg, ctx.cfg.trainer
     keys = round_keys(ctx)
@@ -316,8 +316,8 @@ def _round_start(ctx: RunContext, prev: ArtifactRef | None, start_key: str):
 def _scoring_reward(ctx: RunContext, r: int, keys: list[str]):
     """(caller, processor, warnings) that score round r's candidates: the task reward, or with
     preference_scoring_reward 'reward_model' the previous round's reward model (raw = processed)."""
-    from stages.score.rewards import RewardCaller, resolve_processor
-    from stages.loops.preference import load_rm_reward
+    from coopflow.stages.score.rewards import RewardCaller, resolve_processor
+    from coopflow.stages.loops.preference import load_rm_reward
 
     if getattr(ctx.cfg.trainer, "preference_scoring_reward", "task") != "reward_model" or r == 1:
         return ctx.caller, ctx.processor, []  # round 1 has no reward model yet: the task reward
@@ -333,7 +333,7 @@ def _rlhf_phase(ctx: RunContext, r: int, keys: list[str], prev: ArtifactRef | No
     """Fit a fresh joint reward model on the training pairs and run the RL backend on it from the round's
     starting weights (fresh optimizers, as the reference builds a new RL trainer per round).
     Returns (policies after RL, metrics, RL metrics refs, warnings, env steps of the RL phase)."""
-    from stages.loops import preference as P
+    from coopflow.stages.loops import preference as P
 
     store, key = ctx.store, keys[r - 1]
     if not train:
@@ -401,7 +401,7 @@ def export_round(ctx: RunContext, r: int, res: dict) -> None:
     file or agent dir is written atomically, so one that exists is complete: a rerun's stored rounds are skipped."""
     from pathlib import Path
 
-    from artifacts.export import export_json, export_tree
+    from coopflow.artifacts.export import export_json, export_tree
 
     t = ctx.cfg.trainer
     shard_file = Path(t.preference_replay_dir) / f"iteration_{r:04d}.json" if t.preference_replay_dir else None

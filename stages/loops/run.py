@@ -17,22 +17,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from artifacts import ArtifactError, ArtifactRef, ArtifactStore, key_for
-from schemas.config import ConfigError, RunConfig
-from stages.agents.checkpoint import (CheckpointLayout, drop_optimizer_state, find_checkpoint, is_weights_only,
+from coopflow.artifacts import ArtifactError, ArtifactRef, ArtifactStore, key_for
+from coopflow.schemas.config import ConfigError, RunConfig
+from coopflow.stages.agents.checkpoint import (CheckpointLayout, drop_optimizer_state, find_checkpoint, is_weights_only,
                                      policy_key_of)
-from stages.agents.models import load_critic, save_critic
-from stages.common.seeds import derive_seed
-from stages.evaluate.evaluate import eval_metrics, evaluate, hook_metrics
-from stages.fit.critic import fit_critic, predict_values
-from stages.loops import actor_critic as AC
-from stages.loops.context import RunContext, formatters_for, make_context
-from stages.loops.session import Session
-from stages.loops.plan import is_actor_critic
-from stages.loops.keys import eval_key, scores_key
-from stages.loops.segment import (SegmentResult, acquire_policies, node_means, peek_policies, score_or_load,
+from coopflow.stages.agents.models import load_critic, save_critic
+from coopflow.stages.common.seeds import derive_seed
+from coopflow.stages.evaluate.evaluate import eval_metrics, evaluate, hook_metrics
+from coopflow.stages.fit.critic import fit_critic, predict_values
+from coopflow.stages.loops import actor_critic as AC
+from coopflow.stages.loops.context import RunContext, formatters_for, make_context
+from coopflow.stages.loops.session import Session
+from coopflow.stages.loops.plan import is_actor_critic
+from coopflow.stages.loops.keys import eval_key, scores_key
+from coopflow.stages.loops.segment import (SegmentResult, acquire_policies, node_means, peek_policies, score_or_load,
                                   train_segment)
-from stages.tasks.taskset import build_taskset
+from coopflow.stages.tasks.taskset import build_taskset
 
 
 # --- the segment loop ----------------------------------------------------------------------------

@@ -20,23 +20,23 @@ from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from artifacts import ArtifactRef
-from stages.agents.checkpoint import CheckpointLayout, find_checkpoint, is_weights_only, policy_key_of
-from stages.agents.models import load_critic, load_policies, save_checkpoint
-from stages.agents.state import set_compute_dtype
-from stages.agents.workers import WorkerPolicies, agent_devices
-from stages.common.progress import bar_safe_logging
-from stages.common.seeds import derive_seed
-from stages.common.user_code import load_callable
-from stages.evaluate.evaluate import evaluate
-from stages.loops import actor_critic as AC
-from stages.loops.context import RunContext, formatters_for
-from stages.loops.plan import Update, is_actor_critic
-from stages.loops.keys import UpdateKeys, scores_key, update_keys
-from stages.rollout.tree import generate_tree
-from stages.score.advantages import compute_advantages, joint_returns, tree_children
-from stages.tasks.centralized import parse_failures, split_roles
-from stages.update.policy_gradient import update_policies
+from coopflow.artifacts import ArtifactRef
+from coopflow.stages.agents.checkpoint import CheckpointLayout, find_checkpoint, is_weights_only, policy_key_of
+from coopflow.stages.agents.models import load_critic, load_policies, save_checkpoint
+from coopflow.stages.agents.state import set_compute_dtype
+from coopflow.stages.agents.workers import WorkerPolicies, agent_devices
+from coopflow.stages.common.progress import bar_safe_logging
+from coopflow.stages.common.seeds import derive_seed
+from coopflow.stages.common.user_code import load_callable
+from coopflow.stages.evaluate.evaluate import evaluate
+from coopflow.stages.loops import actor_critic as AC
+from coopflow.stages.loops.context import RunContext, formatters_for
+from coopflow.stages.loops.plan import Update, is_actor_critic
+from coopflow.stages.loops.keys import UpdateKeys, scores_key, update_keys
+from coopflow.stages.rollout.tree import generate_tree
+from coopflow.stages.score.advantages import compute_advantages, joint_returns, tree_children
+from coopflow.stages.tasks.centralized import parse_failures, split_roles
+from coopflow.stages.update.policy_gradient import update_policies
 
 
 def score_or_load(ctx: RunContext, rows: list[dict], by_id: dict[int, dict], key: str,
@@ -69,11 +69,11 @@ def _open_policies(ctx: RunContext, sources: list, optimizer_files: list | None,
         critics = [str(checkpoint.agent_critic(i)) for i in range(ctx.n)]
     specs = AC.agent_specs(ctx.cfg, critics, devices, checkpoint)
     if a.lora is not None and t.parallel_training != "none":  # each worker/actor: its own base copy + its adapter
-        from stages.agents.lora import lora_specs
+        from coopflow.stages.agents.lora import lora_specs
 
         specs = lora_specs(ctx.sources[0], a.lora, ctx.cfg.seed, specs)
     if a.lora is not None and t.parallel_training == "none":  # one shared base, an adapter per agent
-        from stages.agents.lora import is_adapter_dir, load_lora_policies
+        from coopflow.stages.agents.lora import is_adapter_dir, load_lora_policies
 
         pol = load_lora_policies(ctx.sources[0], [s if is_adapter_dir(s) else None for s in sources], a.lora,
                                  t.agent_learning_rate, a.dtype, a.attn_implementation, a.device, optimizer_files,
@@ -82,7 +82,7 @@ def _open_policies(ctx: RunContext, sources: list, optimizer_files: list | None,
         pol = WorkerPolicies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, devices,
                              optimizer_files, refs, rdev, specs)
     elif t.parallel_training == "ray":
-        from stages.agents.ray_actors import RayPolicies
+        from coopflow.stages.agents.ray_actors import RayPolicies
 
         if t.agent_devices is None:  # an actor that reserves a GPU uses it (Ray sets its CUDA_VISIBLE_DEVICES)
             gpus = ctx.cfg.ray.per_agent("num_gpus_per_agent", ctx.n)

@@ -15,9 +15,9 @@ pairing, replay and DPO steps do not know who wrote them; their token ids are re
 
 from collections.abc import Callable
 
-from stages.agents.state import OneAgent
-from stages.rollout.generate import SamplingConfig, generate_rollouts
-from stages.tasks.centralized import check_adapter, split_roles
+from coopflow.stages.agents.state import OneAgent
+from coopflow.stages.rollout.generate import SamplingConfig, generate_rollouts
+from coopflow.stages.tasks.centralized import check_adapter, split_roles
 
 
 def _row(item: dict, node: int, agent: int, sample: int, prompt: str, text: str) -> dict:

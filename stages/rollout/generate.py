@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-from artifacts import faults
-from stages.agents import decode as fast_decode
-from stages.agents.state import PolicyGroup
-from stages.common.progress import Heartbeat
-from stages.common.seeds import derive_seed
+from coopflow.artifacts import faults
+from coopflow.stages.agents import decode as fast_decode
+from coopflow.stages.agents.state import PolicyGroup
+from coopflow.stages.common.progress import Heartbeat
+from coopflow.stages.common.seeds import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def generate_for_agent(model, tok, prompts: list[str], k: int, sampling: Samplin
         text = tok.decode(text_ids, skip_special_tokens=True)
         rows.append([p_ids, c_ids, text, finished, 0.0])
     if reference is not None:
-        from stages.agents.reference_kl import k3_kl
+        from coopflow.stages.agents.reference_kl import k3_kl
 
         kls = k3_kl(model, reference, [r[0] for r in rows], [r[1] for r in rows], tok.pad_token_id)
         for r, kl in zip(rows, kls):

@@ -20,11 +20,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stages.rollout.generate import SamplingConfig, generate_rollouts
-from stages.agents.state import PolicyGroup
-from stages.score.rewards import RewardCaller
-from stages.score.scores import score_nodes, score_rewards
-from stages.tasks.transitions import Transition
+from coopflow.stages.rollout.generate import SamplingConfig, generate_rollouts
+from coopflow.stages.agents.state import PolicyGroup
+from coopflow.stages.score.rewards import RewardCaller
+from coopflow.stages.score.scores import score_nodes, score_rewards
+from coopflow.stages.tasks.transitions import Transition
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from collections import defaultdict
 
 import torch
 
-from stages.agents.reference_kl import apply_reference_kl
+from coopflow.stages.agents.reference_kl import apply_reference_kl
 
 ADVANTAGE_MODES = ("mean", "raw", "max", "rloo")
 

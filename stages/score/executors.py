@@ -170,7 +170,7 @@ class RayExecutor:
         self._remote = None
 
     def map(self, jobs: list[tuple], timeout_s: float | None, progress: Progress = None) -> list:
-        from stages.agents.ray_actors import ensure_ray
+        from coopflow.stages.agents.ray_actors import ensure_ray
 
         ray = ensure_ray(self.settings)
         if self._remote is None:

@@ -15,7 +15,7 @@ columns TRL's DPO trainer reads — plus the token ids the DPO update uses.
 import random
 from collections import defaultdict
 
-from stages.common.seeds import derive_seed
+from coopflow.stages.common.seeds import derive_seed
 
 
 def select_pairs(rewards: list[float], mode: str, limit: int | None, rng: random.Random | None = None

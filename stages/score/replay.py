@@ -16,7 +16,7 @@ result is shuffled. Everything is seeded, so a round's training pairs are reprod
 
 import random
 
-from schemas.config import REPLAY_MODES, check_replay  # noqa: F401  (the rules live with the config)
+from coopflow.schemas.config import REPLAY_MODES, check_replay  # noqa: F401  (the rules live with the config)
 
 
 def shard_weights(n_shards: int, mode: str, k: int | None = None, lam: float | None = None) -> list[float]:

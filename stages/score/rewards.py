@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stages.common.user_code import load_callable
+from coopflow.stages.common.user_code import load_callable
 
 log = logging.getLogger(__name__)
 HEARTBEAT_S = 10.0  # a reward call running longer says so this often (a slow reward is not a hung run)
@@ -148,7 +148,7 @@ class RewardCaller:
 
     def _guarded(self, call: Callable):
         """call() under the timeout, retried `retries` times with backoff when it raises (not when it hangs)."""
-        from stages.common.retry import with_retries
+        from coopflow.stages.common.retry import with_retries
 
         def told(err: Exception, attempt: int, wait: float) -> None:
             log.warning("reward function %s raised %s: %s; retry %d of %d in %.1f s",
@@ -189,7 +189,7 @@ class RewardCaller:
              cross: bool = False) -> list[float]:
         """One call here, in this process (under the timeout, with the opted-in retries), its wall time counted in
         `seconds`; `cross`: the cross-mode call shape."""
-        from stages.score.executors import invoke
+        from coopflow.stages.score.executors import invoke
 
         args, kw, fallback = self._prepare(per_agent, prompts, items, cross)
         t0 = time.perf_counter()
@@ -214,7 +214,7 @@ class RewardCaller:
         executor is set (`reward.workers` > 1), which runs them concurrently (scores identical to serial).
         A long scoring logs its progress every few seconds (`stages.common.progress`): calls scored of all,
         counted in `unit`, and their rate."""
-        from stages.common.progress import Heartbeat
+        from coopflow.stages.common.progress import Heartbeat
 
         beat = Heartbeat(log, f"score {self.name}", len(calls), unit)
         for n, res in enumerate(self._map(calls, beat.tick), 1):
@@ -225,7 +225,7 @@ class RewardCaller:
             yield res
 
     def _map(self, calls: list[tuple], progress):
-        from stages.score.executors import CallTimeout, Failed, picklable, serial
+        from coopflow.stages.score.executors import CallTimeout, Failed, picklable, serial
 
         ex = self.executor
         if ex is not None and ex.name == "process" and not picklable(self.fn):

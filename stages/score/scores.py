@@ -17,8 +17,8 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 
-from stages.score.executors import Failed
-from stages.score.rewards import RewardCaller, RewardError
+from coopflow.stages.score.executors import Failed
+from coopflow.stages.score.rewards import RewardCaller, RewardError
 
 
 def joint_combos(k: int, n: int, joint_mode: str) -> list[tuple[int, ...]]:
@@ -81,7 +81,7 @@ def score_nodes(rollouts: list[dict], items: dict[int, dict], caller: RewardCall
     prompts), as the reference's IAC/MAAC do; the 1 / K / N values are expanded to per-agent rewards
     (`ac_targets.expand_rewards`). One score row per sample index j: agent_rewards[a] is agent a's
     reward, `reward` their mean (what early termination and reward_mean see)."""
-    from stages.score.ac_targets import expand_rewards
+    from coopflow.stages.score.ac_targets import expand_rewards
 
     texts: dict[tuple, dict[tuple[int, int], str]] = defaultdict(dict)
     prompts: dict[tuple, dict[int, str]] = defaultdict(dict)

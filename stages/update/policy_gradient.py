@@ -18,10 +18,10 @@ from collections import defaultdict
 
 import torch
 
-from artifacts import faults
-from stages.common.seeds import derive_seed
-from stages.agents.logprobs import sequence_logprobs
-from stages.agents.state import AgentState, PolicyGroup
+from coopflow.artifacts import faults
+from coopflow.stages.common.seeds import derive_seed
+from coopflow.stages.agents.logprobs import sequence_logprobs
+from coopflow.stages.agents.state import AgentState, PolicyGroup
 
 
 def _node_samples(rollouts: list[dict], adv: dict[tuple, float], agent: int) -> dict[int, list[list[dict]]]:

@@ -36,9 +36,9 @@ class CriticTrainer(FacadeTrainer):
         return [self._critic_src] * self._critic_count(n)
 
     def _load_critics(self, n: int, dtype: str) -> tuple[list, list]:
-        from stages.agents.models import load_critic
-        from stages.agents.state import CriticState
-        from stages.agents.value_heads import new_head
+        from coopflow.stages.agents.models import load_critic
+        from coopflow.stages.agents.state import CriticState
+        from coopflow.stages.agents.value_heads import new_head
 
         if not self._wants_critics():
             return [], []

@@ -1,7 +1,7 @@
 """IAC: independent actor-critic (CoMLRL's `comlrl.trainers.actor_critic.iac`)."""
 
 from coopflow.trainers.actor_critic.ac_base import ActorCriticTrainerBase, RolloutSample
-from schemas.config import IACConfig
+from coopflow.schemas.config import IACConfig
 
 __all__ = ["IACConfig", "IACTrainer", "RolloutSample"]
 

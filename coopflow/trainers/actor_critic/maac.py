@@ -1,7 +1,7 @@
 """MAAC: one centralized critic (CoMLRL's `comlrl.trainers.actor_critic.maac`)."""
 
 from coopflow.trainers.actor_critic.ac_base import ActorCriticTrainerBase
-from schemas.config import MAACConfig
+from coopflow.schemas.config import MAACConfig
 
 __all__ = ["MAACConfig", "MAACTrainer"]
 

@@ -3,7 +3,7 @@ default and its parse error, over `stages.tasks.centralized`."""
 
 from typing import Protocol, runtime_checkable
 
-from stages.tasks.centralized import CentralizedComparatorParseError, TaggedAdapter
+from coopflow.stages.tasks.centralized import CentralizedComparatorParseError, TaggedAdapter
 
 __all__ = ["CentralizedComparatorAdapter", "CentralizedComparatorParseError", "TaggedCentralizedComparatorAdapter"]
 

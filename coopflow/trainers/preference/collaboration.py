@@ -4,8 +4,8 @@ centralized collaboration, where the joint actor's completions become the N role
 import copy
 from collections.abc import Callable, Sequence
 
-from stages.score.rewards import RewardCaller
-from stages.tasks.centralized import CentralizedReward, JointFormatter, split_roles
+from coopflow.stages.score.rewards import RewardCaller
+from coopflow.stages.tasks.centralized import CentralizedReward, JointFormatter, split_roles
 
 __all__ = ["CentralizedCollaboration"]
 

@@ -2,7 +2,7 @@
 
 from coopflow.trainers.preference.marlhf import MARLHFTrainer
 from coopflow._facade import FacadeTrainer
-from schemas.config import MADPOIterConfig, MARLHFIterConfig
+from coopflow.schemas.config import MADPOIterConfig, MARLHFIterConfig
 
 __all__ = ["MADPOIterConfig", "MADPOIterTrainer", "MARLHFIterConfig", "MARLHFIterTrainer"]
 

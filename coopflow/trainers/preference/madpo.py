@@ -1,7 +1,7 @@
 """MADPO: offline multi-agent DPO (CoMLRL's `comlrl.trainers.preference.madpo`)."""
 
 from coopflow._facade import FacadeTrainer
-from schemas.config import MADPOConfig
+from coopflow.schemas.config import MADPOConfig
 
 __all__ = ["MADPOConfig", "MADPOTrainer"]
 

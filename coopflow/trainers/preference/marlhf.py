@@ -1,8 +1,8 @@
 """MARLHF: a joint reward model, then online MARL on it (CoMLRL's `comlrl.trainers.preference.marlhf`)."""
 
 from coopflow._facade import FacadeTrainer
-from schemas.config import MARLHFConfig
-from stages.fit.reward_model import JointRewardModel
+from coopflow.schemas.config import MARLHFConfig
+from coopflow.stages.fit.reward_model import JointRewardModel
 
 __all__ = ["JointRewardModel", "MARLHFConfig", "MARLHFTrainer"]
 

@@ -2,7 +2,7 @@
 N role outputs in one completion and is trained with MAGRPO on the task reward of the split roles."""
 
 from coopflow._facade import FacadeTrainer
-from schemas.config import CentralizedMAGRPOConfig
+from coopflow.schemas.config import CentralizedMAGRPOConfig
 
 __all__ = ["CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer"]
 

@@ -1,7 +1,7 @@
 """MAGRPO: group-mean baseline (CoMLRL's `comlrl.trainers.reinforce.magrpo`)."""
 
 from coopflow._facade import FacadeTrainer
-from schemas.config import MAGRPOConfig
+from coopflow.schemas.config import MAGRPOConfig
 
 __all__ = ["MAGRPOConfig", "MAGRPOTrainer"]
 

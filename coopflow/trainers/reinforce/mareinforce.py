@@ -1,7 +1,7 @@
 """MAREINFORCE: no baseline (advantage = return) (CoMLRL's `comlrl.trainers.reinforce.mareinforce`)."""
 
 from coopflow._facade import FacadeTrainer
-from schemas.config import MAREINFORCEConfig
+from coopflow.schemas.config import MAREINFORCEConfig
 
 __all__ = ["MAREINFORCEConfig", "MAREINFORCETrainer"]
 

@@ -1,7 +1,7 @@
 """MAReMax: group-max baseline (CoMLRL's `comlrl.trainers.reinforce.maremax`)."""
 
 from coopflow._facade import FacadeTrainer
-from schemas.config import MAReMaxConfig
+from coopflow.schemas.config import MAReMaxConfig
 
 __all__ = ["MAReMaxConfig", "MAReMaxTrainer"]
 

@@ -1,7 +1,7 @@
 """MARLOO: leave-one-out baseline (CoMLRL's `comlrl.trainers.reinforce.marloo`)."""
 
 from coopflow._facade import FacadeTrainer
-from schemas.config import MARLOOConfig
+from coopflow.schemas.config import MARLOOConfig
 
 __all__ = ["MARLOOConfig", "MARLOOTrainer"]
 

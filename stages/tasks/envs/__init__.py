@@ -18,8 +18,8 @@ evaluation hooks and (optionally) a multi-turn transition, named from configs by
 import hashlib
 import json
 
-from artifacts import sha256_file
-from stages.tasks.envs import arxiv, coding, completion, math_gsm8k, tooluse, travel, writing
+from coopflow.artifacts import sha256_file
+from coopflow.stages.tasks.envs import arxiv, coding, completion, math_gsm8k, tooluse, travel, writing
 
 TASKSETS = {
     "humaneval": (lambda: {"file_sha256": sha256_file(coding.humaneval_file())}, coding.humaneval_splits),

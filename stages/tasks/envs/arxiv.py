@@ -117,7 +117,7 @@ def arxiv_source(spec: str):
     spec = spec or ARXIV_HF
     path = Path(spec).expanduser()
     if path.is_file():
-        from artifacts import sha256_file
+        from coopflow.artifacts import sha256_file
 
         def load_file() -> dict[str, list[dict]]:
             text = path.read_text(encoding="utf-8")

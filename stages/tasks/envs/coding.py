@@ -11,7 +11,7 @@ not define the entry point; otherwise 0.2 + 0.8 × (fraction of the test's asser
 `assert` of the test's `check(candidate)` is counted on its own, so failing one check does not hide the
 others. An answer is the first fenced code block of the completion when it has one, else its text.
 
-Multi-turn (`transition: {name: stages.tasks.envs.coding:level_feedback}`): after each turn every agent
+Multi-turn (`transition: {name: coopflow.envs.coding:level_feedback}`): after each turn every agent
 sees the problem again with its previous code and the team's diagnosis, in levels: the syntax error,
 else the missing entry point, else how many tests pass and which assertions fail (a sandboxed run of the
 first `sandbox_slice` assertions, 1 by default as in the reference; `transition.kwargs: {sandbox_slice: all}`
@@ -33,7 +33,7 @@ import math
 import re
 from pathlib import Path
 
-from stages.common.sandbox import RunResult, SandboxLimits, run_many
+from coopflow.stages.common.sandbox import RunResult, SandboxLimits, run_many
 
 LIMITS = SandboxLimits(timeout_s=5.0, cpu_s=5, memory_mb=1024)
 WORKERS = 4
@@ -83,7 +83,7 @@ def mbpp_source(spec: str):
     file, every 5th row goes to eval; an HF dataset keeps its train / test splits."""
     path = Path(spec).expanduser()
     if path.is_file():
-        from artifacts import sha256_file
+        from coopflow.artifacts import sha256_file
 
         def load_file() -> dict[str, list[dict]]:
             rows = [mbpp_item(json.loads(x)) for x in path.read_text().splitlines() if x.strip()]
@@ -131,7 +131,7 @@ def coop_source(spec: str):
     spec = spec or COOP_HUMANEVAL
     path = Path(spec).expanduser()
     if path.is_file():
-        from artifacts import sha256_file
+        from coopflow.artifacts import sha256_file
 
         def load_file() -> dict[str, list[dict]]:
             text = path.read_text(encoding="utf-8")

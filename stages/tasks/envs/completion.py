@@ -21,8 +21,8 @@ import ast
 import json
 from pathlib import Path
 
-from stages.common.sandbox import run_many
-import stages.tasks.envs.coding as coding
+from coopflow.stages.common.sandbox import run_many
+import coopflow.stages.tasks.envs.coding as coding
 
 
 # --- data -----------------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def classeval_source(spec: str):
     path = Path(spec).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"ClassEval source {spec!r} is not a file (.jsonl or .json)")
-    from artifacts import sha256_file
+    from coopflow.artifacts import sha256_file
 
     def load() -> dict[str, list[dict]]:
         text = path.read_text(encoding="utf-8")

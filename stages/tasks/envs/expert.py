@@ -14,15 +14,15 @@ chat, Anthropic messages, ...) or a local HF model (`local_model`: a model dir s
 reference's presets: `deepseek-coder` (api.deepseek.com, key in DEEPSEEK_API_KEY), `claude-*`
 (api.anthropic.com, ANTHROPIC_API_KEY), `qwen3-coder*` (DashScope, DASHSCOPE_API_KEY).
 
-    transition: {name: stages.tasks.envs.expert:ExpertEdits, kwargs: {expert_model: deepseek-coder}}
-    transition: {name: stages.tasks.envs.expert:ExpertEdits, kwargs: {local_model: ./models/coder}}
+    transition: {name: coopflow.envs.expert:ExpertEdits, kwargs: {expert_model: deepseek-coder}}
+    transition: {name: coopflow.envs.expert:ExpertEdits, kwargs: {local_model: ./models/coder}}
 """
 
 import json
 import logging
 
-from stages.rollout.comparator_api import APIComparator
-from stages.tasks.envs.coding import _preamble, extract_code
+from coopflow.stages.rollout.comparator_api import APIComparator
+from coopflow.stages.tasks.envs.coding import _preamble, extract_code
 
 LOG = logging.getLogger("coopflow.expert")
 

@@ -72,7 +72,7 @@ def gsm8k_source(spec: str):
     (config 'main') keeps its train / test splits."""
     path = Path(spec).expanduser()
     if path.is_file():
-        from artifacts import sha256_file
+        from coopflow.artifacts import sha256_file
 
         def load_file() -> dict[str, list[dict]]:
             return _splits([json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()],

@@ -33,7 +33,7 @@ import math
 import re
 from pathlib import Path
 
-from stages.tasks.envs.coding import extract_code
+from coopflow.stages.tasks.envs.coding import extract_code
 
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple")
 _STRIP = re.compile(r"[ ,./\-_*^]")
@@ -83,7 +83,7 @@ def bfcl_source(spec: str):
         rows = [it for group in itertools.zip_longest(*per) for it in group if it is not None]
         return {"train": [r for i, r in enumerate(rows) if i % 5], "eval": [r for i, r in enumerate(rows) if i % 5 == 0]}
 
-    from artifacts import sha256_file
+    from coopflow.artifacts import sha256_file
 
     d = bfcl_data_dir()
     digest = {c: [sha256_file(d / f"BFCL_v4_{c}.json"), sha256_file(d / "possible_answer" / f"BFCL_v4_{c}.json")]

@@ -28,7 +28,7 @@ Data: `taskset.name: travel-bfcl` (26 tasks: every 5th to eval); needs `pip inst
 import copy
 import json
 
-import stages.tasks.envs.tooluse as tooluse
+import coopflow.stages.tasks.envs.tooluse as tooluse
 
 CATEGORIES = ("multi_turn_base", "multi_turn_miss_param")
 DONE = "All requests are done. Make no further calls."
@@ -65,7 +65,7 @@ def travel_splits() -> dict[str, list[dict]]:
 
 
 def travel_digest() -> dict:
-    from artifacts import sha256_file
+    from coopflow.artifacts import sha256_file
 
     d = tooluse.bfcl_data_dir()
     return {c: [sha256_file(d / f"BFCL_v4_{c}.json"), sha256_file(d / "possible_answer" / f"BFCL_v4_{c}.json")]
