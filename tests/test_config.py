@@ -324,23 +324,24 @@ def test_empty_file_is_empty_mapping(tmp_path):
 
 
 DEFAULT_OVERRIDES = {
-    # class: fields it re-declares only for another default (and, for the preference trainers, their own wording)
+    # class (a trainer config or a field set it puts in front of its trainer base): fields it re-declares only for
+    # another default (and, for the preference trainers, their own wording)
     "ActorCriticConfig": {"num_train_epochs", "logging_steps", "num_generations", "top_k", "rollout_buffer_size"},
     "MAREINFORCEConfig": {"advantage_mode"}, "MARLOOConfig": {"advantage_mode"}, "MAReMaxConfig": {"advantage_mode"},
     "CentralizedMAGRPOConfig": {"num_turns", "collaboration_mode"},  # single turn, one joint actor
     "MADPOConfig": {"num_train_epochs", "early_termination_threshold"},  # epochs over pairs; unused single-turn
     "MARLHFConfig": {"critic_learning_rate"},  # null: the RL backend's critic falls back to agent_learning_rate
-    "MADPOIterConfig": {"num_train_epochs", "preference_pairs_per_sample"},
-    "MARLHFIterConfig": {"num_train_epochs", "reward_num_train_epochs",
-                         "num_generations"},  # MARLHF's, else MADPOIterConfig's inherited MAGRPO field would win
+    "_IterativeFields": {"preference_pairs_per_sample"},  # per-round defaults, shared by both iterative configs
+    "MADPOIterConfig": {"num_train_epochs"},
+    "MARLHFIterConfig": {"num_train_epochs", "reward_num_train_epochs"},  # one trainer base: MARLHF's num_generations
 }
 OTHER_OVERRIDES = {
     # (class, field): a re-declaration that changes a limit or the type, and why
     ("MAGRPOConfig", "num_generations"): "ge=2: the group baseline needs two samples",
     ("MARLHFConfig", "num_generations"): "ge=1 again: maac/iac take 1 (its validator asks >= 2 of the MAGRPO family)",
     ("MADPOConfig", "num_turns"): "le=1: the preference trainers are single-turn",
-    ("MADPOIterConfig", "preference_num_candidates"): "ge=1: pairs are target vs comparator",
-    ("MADPOIterConfig", "pair_selection"): "adds comparator_reward",
+    ("_IterativeFields", "preference_num_candidates"): "ge=1: pairs are target vs comparator",
+    ("_IterativeFields", "pair_selection"): "adds comparator_reward",
 }
 
 
@@ -356,18 +357,21 @@ def test_each_trainer_field_is_declared_once():
     from coopflow.schemas.config import field_limits
 
     found = set()
-    for cls in _trainer_classes():
-        for name in inspect.get_annotations(cls):
-            base = next((b for b in cls.__mro__[1:] if name in inspect.get_annotations(b)), None)
-            if base is None:
+    for trainer in _trainer_classes():  # each class of its MRO, field-set mixins included, against the later ones
+        for i, cls in enumerate(trainer.__mro__):
+            if not cls.__module__.startswith("coopflow."):
                 continue
-            found.add((cls.__name__, name))
-            assert name in DEFAULT_OVERRIDES.get(cls.__name__, ()) or (cls.__name__, name) in OTHER_OVERRIDES, \
-                f"{cls.__name__}.{name} re-declares {base.__name__}.{name}"
-            if (cls.__name__, name) not in OTHER_OVERRIDES:
-                mine, theirs = cls.model_fields[name], base.model_fields[name]
-                assert field_limits(mine) == field_limits(theirs), f"{cls.__name__}.{name} limits"
-                assert mine.annotation == theirs.annotation, f"{cls.__name__}.{name} type"
+            for name in inspect.get_annotations(cls):
+                base = next((b for b in trainer.__mro__[i + 1:] if name in inspect.get_annotations(b)), None)
+                if base is None:
+                    continue
+                found.add((cls.__name__, name))
+                assert name in DEFAULT_OVERRIDES.get(cls.__name__, ()) or (cls.__name__, name) in OTHER_OVERRIDES, \
+                    f"{cls.__name__}.{name} re-declares {base.__name__}.{name}"
+                if (cls.__name__, name) not in OTHER_OVERRIDES:
+                    mine, theirs = cls.model_fields[name], base.model_fields[name]
+                    assert field_limits(mine) == field_limits(theirs), f"{cls.__name__}.{name} limits"
+                    assert mine.annotation == theirs.annotation, f"{cls.__name__}.{name} type"
     listed = {(c, f) for c, fs in DEFAULT_OVERRIDES.items() for f in fs} | set(OTHER_OVERRIDES)
     assert found == listed  # the allow-lists name exactly the re-declarations
 
