@@ -12,6 +12,9 @@ over. The mirror commits differently, with the same guarantee — a reader sees 
 3. a reader downloads the files the record lists into a temp dir of its local store, verifies each
    against the ref's sha256 (table) or manifest (directory), and only then renames it into place.
 
+On a filesystem with real directories (a `file://` mirror, e.g. on a shared mount) the mirror makes each
+file's folder before writing it; object stores have no folders to make.
+
 Two machines committing the same key race on `commit.json`; whichever record lands last wins, and each
 record points at its own complete object set, so a reader never mixes two writers' files. (Keys are
 input-addressed: both writers computed the same stage from the same inputs.) Locks stay local: run-key
@@ -48,6 +51,8 @@ class RemoteMirror:
                               f"{hint.get(scheme, 'its fsspec implementation')}") from None
         self.url = url
         self.root = root.rstrip("/")
+        # (fsspec's local filesystem writes no file into a missing folder; object stores have no folders)
+        self._makes_dirs = bool({"file", "local"} & set(_protocols(self.fs)))
 
     def _dir(self, kind: str, key: str) -> str:
         return f"{self.root}/{kind}/{key}"
@@ -66,6 +71,7 @@ class RemoteMirror:
         files = sorted(str(p.relative_to(local)) for p in local.rglob("*")
                        if p.is_file() and p.relative_to(local).as_posix() not in ("ref.json", ".published"))
         try:
+            self._folders([f"{base}/{rel}" for rel in files])
             for rel in files:
                 self.fs.put_file(str(local / rel), f"{base}/{rel}")
             hit(f"publish:{kind}")  # (tests: killed with the objects uploaded, the commit record not yet)
@@ -73,6 +79,12 @@ class RemoteMirror:
             self.fs.pipe_file(f"{self._dir(kind, key)}/{COMMIT}", json.dumps(record, indent=1).encode())
         except OSError as err:
             raise RemoteError(f"could not publish {kind}/{key} to {self.url}: {err}") from err
+
+    def _folders(self, paths: list[str]) -> None:
+        """Make the folders these files go into, where the filesystem has folders."""
+        if self._makes_dirs:
+            for folder in sorted({p.rsplit("/", 1)[0] for p in paths}):
+                self.fs.makedirs(folder, exist_ok=True)
 
     # --- read ------------------------------------------------------------------------------------
 
@@ -130,3 +142,9 @@ class RemoteMirror:
             parts = str(path).rstrip("/").split("/")
             out.append((parts[-3], parts[-2]))
         return sorted(out)
+
+
+def _protocols(fs) -> tuple[str, ...]:
+    """The URL schemes an fsspec filesystem answers to (`protocol` is a string or a tuple)."""
+    p = fs.protocol
+    return (p,) if isinstance(p, str) else tuple(p)

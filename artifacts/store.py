@@ -127,8 +127,17 @@ class ArtifactStore:
 
     @classmethod
     def of(cls, cfg) -> "ArtifactStore":
-        """The store of a run config: `<data_dir>/artifacts`, mirrored to its `remote_store` when set."""
-        return cls(cfg.resolved_data_dir() / "artifacts", cfg.resolved_remote_store(), cfg.remote_store_options)
+        """The store of a run config: `<data_dir>/artifacts`, mirrored to its `remote_store` (else
+        $COOPFLOW_REMOTE_STORE) when set. Every run, whatever started it, opens its store here."""
+        return cls.at(cfg.resolved_data_dir(), cfg)
+
+    @classmethod
+    def at(cls, data_dir: str | os.PathLike, cfg=None) -> "ArtifactStore":
+        """The store under a data dir, `<data_dir>/artifacts`: mirrored as `cfg` says when a run config is given,
+        local only without one (maintenance on one machine's cache: verify, gc, the model catalog)."""
+        if cfg is None:
+            return cls(Path(data_dir) / "artifacts")
+        return cls(Path(data_dir) / "artifacts", cfg.resolved_remote_store(), cfg.remote_store_options)
 
     # --- lookup ----------------------------------------------------------------------------------
 

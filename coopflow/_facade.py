@@ -247,16 +247,18 @@ class FacadeTrainer:
 
         if src != "tiny" and not is_catalog_name(src):
             return src
-        from coopflow.artifacts import ArtifactStore
         from coopflow.stages.loops.context import resolve_model_sources
 
-        cfg = validate_config({"agents": {"agent_model": "tiny"}, "data_dir": self.data_dir,
-                               "trainer": {"num_turns": 1}})
-        store = ArtifactStore(cfg.resolved_data_dir() / "artifacts")
-        return resolve_model_sources([src], cfg, store, "agents")[0][0]
+        cfg = self._base_config()
+        return resolve_model_sources([src], cfg, ArtifactStore.of(cfg), "agents")[0][0]
+
+    def _base_config(self) -> RunConfig:
+        """The smallest run config of this trainer: where its data dir is (and its store's remote mirror)."""
+        return validate_config({"agents": {"agent_model": "tiny"}, "data_dir": self.data_dir,
+                                "trainer": {"num_turns": 1}})
 
     def _data_root(self) -> Path:
-        return validate_config({"data_dir": self.data_dir, "trainer": {"num_turns": 1}}).resolved_data_dir()
+        return self._base_config().resolved_data_dir()
 
     def _snapshot(self, model, tok, root: Path) -> str:
         """An in-memory model (+ tokenizer) as a `model` artifact keyed by its weights; returns its directory."""
@@ -264,7 +266,7 @@ class FacadeTrainer:
             model.save_pretrained(d)
             tok.save_pretrained(d)
 
-        store = ArtifactStore(root / "artifacts")
+        store = ArtifactStore.at(root, self._base_config())
         return str(store.open_dir(store.put_dir("model", key_for("model", {"weights": _weights_sha(model)}), write)))
 
     def _taskset(self, root: Path) -> dict:
@@ -280,7 +282,7 @@ class FacadeTrainer:
             datasets.disable_progress_bars()
             DatasetDict({"train": self.train_dataset, "eval": ev}).save_to_disk(str(d))
 
-        store = ArtifactStore(root / "artifacts")
+        store = ArtifactStore.at(root, self._base_config())
         key = key_for("dataset", {"train": self.train_dataset._fingerprint, "eval": ev._fingerprint})
         d = store.open_dir(store.put_dir("dataset", key, write))
         cols = self.train_dataset.column_names
@@ -386,7 +388,7 @@ class FacadeTrainer:
         refs = self.reference_models if t.reference_kl_enabled and self.reference_models else [None] * self.num_agents
         agents = [AgentState(m, tok, t.agent_learning_rate, optimizer=opt, reference=ref)
                   for m, tok, opt, ref in zip(self.agents, self.tokenizers, self.optimizers, refs)]
-        paths, _ = resolve_sources(cfg, ArtifactStore(cfg.resolved_data_dir() / "artifacts"))
+        paths, _ = resolve_sources(cfg, ArtifactStore.of(cfg))
         return Session(initial=Policies(agents), initial_sources=tuple(paths))
 
     def _prepare_tokenizers(self) -> None:
@@ -410,7 +412,6 @@ class FacadeTrainer:
 
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
         """Evaluation metrics (`eval/turn_t/reward_mean`, …) of the current agents on the eval dataset."""
-        from coopflow.artifacts import ArtifactStore
         from coopflow.stages.common.seeds import derive_seed
         from coopflow.stages.evaluate.evaluate import evaluate
         from coopflow.stages.agents.state import AgentState, Policies
@@ -419,7 +420,7 @@ class FacadeTrainer:
 
         cfg = self.run_config()
         self._prepare_tokenizers()
-        store = ArtifactStore(cfg.resolved_data_dir() / "artifacts")
+        store = ArtifactStore.of(cfg)
         ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
         pol = Policies([AgentState(m, t, self.args.agent_learning_rate) for m, t in zip(self.agents, self.tokenizers)])
         n = num_eval_samples if num_eval_samples is not None else (cfg.trainer.eval_num_samples or None)

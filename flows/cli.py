@@ -144,7 +144,7 @@ def _verify(args) -> int:
     root = _data_with_artifacts(args)
     if root is None:
         return 2
-    store = ArtifactStore(root / "artifacts")
+    store = ArtifactStore.at(root)
     checked, bad = store.verify_all()
     for kind, key, problem in bad:
         line = f"BAD {kind}/{key}: {problem}"
@@ -234,8 +234,8 @@ def _models(args) -> int:
     from coopflow.schemas.config import validate_config
     from coopflow.stages.agents import catalog
 
-    store = ArtifactStore(validate_config({"data_dir": getattr(args, "data_dir", None),
-                                           "trainer": {"num_turns": 1}}).resolved_data_dir() / "artifacts")
+    store = ArtifactStore.at(validate_config({"data_dir": getattr(args, "data_dir", None),
+                                              "trainer": {"num_turns": 1}}).resolved_data_dir())
     if args.models_cmd == "list":
         for e in catalog.CATALOG.values():
             pkgs = e.requirements[0] if len(e.requirements) == 1 else \

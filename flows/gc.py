@@ -108,7 +108,7 @@ def report(plan: GcPlan, keep_optimizer: str, grace_min: float) -> list[str]:
 def gc(data: Path, yes: bool = False, keep_optimizer: str = "all", grace_min: float = 60.0,
        tracking_uri: str | None = None, out=print) -> int:
     """Plan (and with `yes` carry out) a gc of the data dir `data`; prints the report via `out`; exit code."""
-    store = ArtifactStore(data / "artifacts")
+    store = ArtifactStore.at(data)  # (local only: gc never deletes from the remote)
     started = time.time()
     roots, notes = recorded_roots(data, tracking_uri)
     plan = plan_gc(store, roots, keep_optimizer, grace_min * 60, started)

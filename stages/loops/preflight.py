@@ -98,7 +98,7 @@ def preflight(cfg: RunConfig) -> "budget.DiskEstimate | None":
 
     d = _data_dir(cfg)
     check_user_code(cfg)
-    store = ArtifactStore(d / "artifacts", cfg.resolved_remote_store(), cfg.remote_store_options)
+    store = ArtifactStore.at(d, cfg)
     try:
         ref = build_taskset(cfg.taskset, store)
     except (FileNotFoundError, ValueError, KeyError) as err:
