@@ -376,6 +376,18 @@ def test_each_trainer_field_is_declared_once():
     assert found == listed  # the allow-lists name exactly the re-declarations
 
 
+def test_each_trainer_config_has_one_trainer_base():
+    """No diamond: a trainer config extends exactly one trainer config (or _TrainerBase), last; its other bases are
+    field sets (_CriticFields, _IACFields, _IterativeFields), never a second trainer config."""
+    import coopflow.schemas.config as C
+
+    for cls in _trainer_classes():
+        if cls is C._TrainerBase:
+            continue
+        trainer_bases = [b for b in cls.__bases__ if issubclass(b, C._TrainerBase)]
+        assert trainer_bases == [cls.__bases__[-1]], f"{cls.__name__}{cls.__bases__}"
+
+
 @pytest.mark.parametrize("field", ["value_loss_coef", "value_clip_range"])
 def test_value_limits_agree_across_trainer_configs(field):
     from coopflow.schemas.config import IACConfig, MARLHFConfig, field_limits
