@@ -96,7 +96,7 @@ class FacadeTrainer:
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(self.args).__name__}")
         # num_agents: the argument, else args.num_agents when set explicitly, else 2 (the reference's default)
         args_n = self.args.num_agents if "num_agents" in self.args.model_fields_set else None
-        self.centralized = getattr(self.args, "collaboration_mode", "decentralized") == "centralized"
+        self.centralized = self.args.collaboration_mode == "centralized"
         adapter = centralized_adapter if centralized_adapter is not None else centralized_comparator_adapter
         if self.centralized:  # one joint actor writes the N roles (num_agents counts the roles)
             actors = list(agents) if agents is not None else ([agent_model] if agent_model is not None else [])
@@ -134,13 +134,13 @@ class FacadeTrainer:
             raise ValueError(f"tokenizers length {len(toks)} does not match num_agents {n}")
         if objects and tokenizer is None:
             raise ValueError("agents given as model objects need tokenizer (one, or a list of num_agents)")
-        if getattr(self.args, "num_turns", 1) > 1 and external_transition is None:
+        if self.args.num_turns > 1 and external_transition is None:
             raise ValueError("num_turns > 1 requires an external_transition(prompt=..., agent_completions=..., "
                              "num_agents=..., prompt_history_per_agent=..., response_history_per_agent=...)")
         self._check_critics(critic_model, critics, n)
         if formatters is not None and isinstance(formatters, (list, tuple)) and len(formatters) != roles:
             raise ValueError(f"formatters length {len(formatters)} does not match num_agents {roles}")
-        rdev = getattr(self.args, "reference_devices", None)
+        rdev = self.args.reference_devices
         if isinstance(rdev, (list, tuple)) and len(rdev) not in (1, n):
             raise ValueError(f"reference_devices length ({len(rdev)}) must be 1 or {n}.")
         if adapter is not None:
@@ -198,7 +198,7 @@ class FacadeTrainer:
         self.optimizers = [adamw([p for p in m.parameters() if p.requires_grad], self.args.agent_learning_rate)
                            for m in self.agents]
         self.reference_models = []
-        if getattr(self.args, "reference_kl_enabled", False):
+        if self.args.reference_kl_enabled:
             for m in self.agents:
                 ref = copy.deepcopy(m).eval()
                 ref.requires_grad_(False)
@@ -333,7 +333,7 @@ class FacadeTrainer:
         formatters = self._formatter_cfg()
         if formatters is not None:
             data["formatters"] = formatters
-        if self.external_transition is not None and getattr(self.args, "num_turns", 1) > 1:
+        if self.external_transition is not None and self.args.num_turns > 1:
             data["transition"] = {"name": callable_ref(self.external_transition)}
         if self.metrics_callback is not None:
             data["metrics_callback"] = callable_ref(self.metrics_callback)
@@ -383,7 +383,7 @@ class FacadeTrainer:
 
         t = cfg.trainer
         self._prepare_tokenizers()
-        if t.parallel_training == "mp" or is_actor_critic(cfg) or getattr(t, "rl_algorithm", None) in ("iac", "maac"):
+        if t.parallel_training == "mp" or is_actor_critic(cfg) or t.uses_critics:
             return None
         refs = self.reference_models if t.reference_kl_enabled and self.reference_models else [None] * self.num_agents
         agents = [AgentState(m, tok, t.agent_learning_rate, optimizer=opt, reference=ref)

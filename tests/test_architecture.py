@@ -121,3 +121,42 @@ def test_no_module_level_live_state_in_stages():
                 name = getattr(node.value.func, "id", getattr(node.value.func, "attr", ""))
                 assert name not in ("Counter", "LivePolicies", "Session", "Policies"), \
                     f"{p.relative_to(REPO)}: module-level {name}()"
+
+
+PROBE_ALLOWED = {
+    # (file, object): getattr-with-a-default on something that is not a config model, though the attribute's name
+    # is also a config field's
+    ("flows/cli.py", "args"): "argparse namespace: not every subcommand has --data-dir",
+    ("stages/agents/models.py", "policies"): "a policy group: only MAAC's holds a central critic",
+    ("stages/score/rewards.py", "fn"): "a reward function's set_reward_range attribute",
+    ("stages/score/rewards.py", "getattr(fn, 'func', None)"): "a partial's reward function",
+    ("stages/score/scores.py", "caller"): "a reward caller's name",
+    ("stages/tasks/envs/expert.py", "self.tok"): "a Hugging Face tokenizer",
+    ("stages/tasks/formatters.py", "tokenizer"): "a Hugging Face tokenizer",
+    ("coopflow/_facade.py", "self.reward_func"): "the user's reward function",
+    ("coopflow/utils/reference_kl.py", "args"): "the reference's helper API (comlrl.utils.reference_kl) takes any "
+                                               "args object, e.g. a SimpleNamespace",
+}
+
+
+def test_config_fields_are_read_not_probed():
+    """Code reads a config's fields directly (`t.joint_mode`): no `getattr(obj, "<field>", default)` for a field some
+    model in coopflow.schemas.config declares. A config whose algorithm has one fixed value answers with a property
+    (e.g. the actor-critic configs' joint_mode), so a misspelt or removed field fails loudly instead of silently
+    taking a default."""
+    from pydantic import BaseModel
+
+    import coopflow.schemas.config as C
+
+    fields = {f for m in vars(C).values() if isinstance(m, type) and issubclass(m, BaseModel) for f in m.model_fields}
+    found = []
+    for folder in ("flows", "stages", "coopflow", "schemas"):
+        for p in sorted((REPO / folder).rglob("*.py")):
+            rel = p.relative_to(REPO).as_posix()
+            for node in ast.walk(ast.parse(p.read_text())):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
+                        and len(node.args) == 3 and isinstance(node.args[1], ast.Constant) \
+                        and node.args[1].value in fields and (rel, ast.unparse(node.args[0])) not in PROBE_ALLOWED:
+                    found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "read these fields directly (give the configs without the field a property):\n" + \
+        "\n".join(found)

@@ -39,6 +39,11 @@ class MADPOConfig(MAGRPOConfig):
             raise ValueError("pair_selection 'all' requires preference_pairs_per_sample: null")
         return self
 
+    @property
+    def num_rounds(self) -> int:
+        """Training rounds, each with its own candidates and checkpoint: 1 (offline), num_iterations (iterative)."""
+        return 1
+
 
 class MARLHFConfig(_IACFields, _CriticFields, MADPOConfig):
     """CoMLRL 1.4.3 `MARLHFConfig`: a joint reward model fit on the pairs, then online RL on it (the
@@ -77,6 +82,15 @@ class MARLHFConfig(_IACFields, _CriticFields, MADPOConfig):
                              f"rl_algorithm {self.rl_algorithm!r} is not supported with it (use magrpo, mareinforce, "
                              "marloo or maremax)")
         return self
+
+    @property
+    def uses_critics(self) -> bool:
+        """Whether the RL backend trains critics: rl_algorithm maac or iac."""
+        return self.rl_algorithm in ("maac", "iac")
+
+    def model_sources(self) -> list[tuple[str, str]]:
+        """The reward model's backbone, when given (null: the agents' model)."""
+        return [("trainer.reward_model_name", self.reward_model_name)] if self.reward_model_name else []
 
 
 REPLAY_MODES = ("current", "nearest_k", "all_history", "lambda_decay")
@@ -222,12 +236,31 @@ class _IterativeFields(_Strict):
             raise ValueError("comparator_policy 'api' requires comparator_api_url")
         return self
 
+    @property
+    def num_rounds(self) -> int:
+        """Training rounds: num_iterations."""
+        return self.num_iterations
+
+    def comparator_sources(self) -> list[tuple[str, str]]:
+        """The model comparator's sources, when given, as (config field, source)."""
+        out = [("trainer.comparator_model_name", self.comparator_model_name)] if self.comparator_model_name else []
+        return out + [("trainer.comparator_agents", s) for s in self.comparator_agents or []]
+
 
 class MADPOIterConfig(_IterativeFields, MADPOConfig):
     """CoMLRL 1.4.3 `MADPOIterConfig`: rounds of target-vs-comparator pairs, replay, DPO."""
 
     num_train_epochs: int = _override(MADPOConfig, "num_train_epochs", 1, "DPO passes over each round's training "
                                                                           "pairs.")
+
+    @property
+    def preference_scoring_reward(self) -> Literal["task"]:
+        """What scores a round's candidates: always the task reward (MADPO-iter fits no reward model)."""
+        return "task"
+
+    def model_sources(self) -> list[tuple[str, str]]:
+        """The model comparator's sources, when given."""
+        return self.comparator_sources()
 
 
 class MARLHFIterConfig(_IterativeFields, MARLHFConfig):
@@ -241,3 +274,7 @@ class MARLHFIterConfig(_IterativeFields, MARLHFConfig):
     preference_scoring_reward: Literal["task", "reward_model"] = Field(
         "task", description="What scores a round's candidates for its pairs: task | reward_model (the previous "
                             "round's reward model; round 1 falls back to the task reward).")
+
+    def model_sources(self) -> list[tuple[str, str]]:
+        """The reward model's backbone, then the model comparator's sources (when given)."""
+        return MARLHFConfig.model_sources(self) + self.comparator_sources()

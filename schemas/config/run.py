@@ -25,6 +25,11 @@ class CriticConfig(_Strict):
     refit_learning_rate: float | None = Field(None, gt=0, description="Learning rate of the re-fit; null = "
                                                                        "trainer.critic_learning_rate.")
 
+    def model_sources(self) -> list[tuple[str, str]]:
+        """The critic sources given, as (config field, source)."""
+        out = [("critic.critics", s) for s in self.critics or []]
+        return out + ([("critic.critic_model", self.critic_model)] if self.critic_model else [])
+
 
 # --- pipeline ------------------------------------------------------------------------------------
 
@@ -166,7 +171,7 @@ class RunConfig(_Strict):
     @property
     def centralized(self) -> bool:
         """One joint actor writes all N role outputs (trainer.collaboration_mode centralized)."""
-        return getattr(self.trainer, "collaboration_mode", "decentralized") == "centralized"
+        return self.trainer.collaboration_mode == "centralized"
 
     def actor_sources(self) -> list[str]:
         """One model source per trained policy: N agents, or the one joint actor of centralized collaboration."""
@@ -190,15 +195,7 @@ class RunConfig(_Strict):
         """Every model source the run loads, as (config field, source)."""
         a = self.agents
         out = [("agents.agents", s) for s in a.agents] if a.agents else [("agents.agent_model", a.agent_model or "")]
-        critic = getattr(self, "critic", None)
-        if critic is not None:
-            out += [("critic.critics", s) for s in critic.critics or []]
-            out += [("critic.critic_model", critic.critic_model)] if critic.critic_model else []
-        for name in ("reward_model_name", "comparator_model_name"):
-            if getattr(self.trainer, name, None):
-                out.append((f"trainer.{name}", getattr(self.trainer, name)))
-        out += [("trainer.comparator_agents", s) for s in getattr(self.trainer, "comparator_agents", None) or []]
-        return out
+        return out + self.trainer.model_sources()
 
     def resolved_data_dir(self) -> Path:
         """Where artifacts, MLflow and Prefect state live."""
@@ -249,6 +246,10 @@ class IACRunConfig(RunConfig):
             raise ValueError(f"critic.critics length {len(c.critics)} must equal num_agents {n}")
         return self
 
+    def model_sources(self) -> list[tuple[str, str]]:
+        """The agents' sources, then the critics' (an IAC trainer names no model)."""
+        return super().model_sources() + self.critic.model_sources()
+
     def critic_sources(self) -> list[str]:
         c = self.critic
         return list(c.critics) if c.critics is not None else ([c.critic_model] * self.agents.n if c.critic_model else [])
@@ -274,6 +275,10 @@ class MAACRunConfig(RunConfig):
         if c.critic_model is None and not c.critics:
             raise ValueError("critic: critics must be provided (critic.critic_model or critic.critics: [one])")
         return self
+
+    def model_sources(self) -> list[tuple[str, str]]:
+        """The agents' sources, then the central critic's (a MAAC trainer names no model)."""
+        return super().model_sources() + self.critic.model_sources()
 
     def critic_sources(self) -> list[str]:
         return [self.critic.critic_model or self.critic.critics[0]]  # type: ignore[index]

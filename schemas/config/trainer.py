@@ -93,6 +93,17 @@ class _TrainerBase(_Strict):
         """Resolved train_batch_size (defaults to rollout_buffer_size: full-batch GD)."""
         return self.train_batch_size or self.rollout_buffer_size
 
+    @property
+    def uses_critics(self) -> bool:
+        """Whether the run trains critics (critic LMs or value heads): the actor-critic trainers, and MARLHF(-iter)
+        with a maac/iac backend."""
+        return False
+
+    def model_sources(self) -> list[tuple[str, str]]:
+        """The models this section names besides the agents (a reward model, comparators), as (config field,
+        source); none here."""
+        return []
+
 
 class _CriticFields(_Strict):
     """The critic fields of `IACConfig` and `MAACConfig` (MARLHF passes them to a maac/iac backend)."""
@@ -241,6 +252,21 @@ class ActorCriticConfig(_CriticFields, _TrainerBase):
     def critic_lr(self) -> float:
         """Resolved critic learning rate."""
         return self.critic_learning_rate or self.agent_learning_rate
+
+    @property
+    def uses_critics(self) -> bool:
+        """Always: IAC's per-agent critics (or value heads), MAAC's central critic."""
+        return True
+
+    @property
+    def joint_mode(self) -> Literal["aligned"]:
+        """Always aligned: each node's K samples per agent form K joint actions (no cross product)."""
+        return "aligned"
+
+    @property
+    def collaboration_mode(self) -> Literal["decentralized"]:
+        """Always decentralized: one actor per agent (a centralized joint actor is MAGRPO-family only)."""
+        return "decentralized"
 
 
 class IACConfig(_IACFields, ActorCriticConfig):

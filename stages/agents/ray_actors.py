@@ -20,13 +20,17 @@ import os
 import threading
 from pathlib import Path
 
+from coopflow.schemas.config import RayConfig
+
 _LOCK = threading.Lock()
 _STARTED_HERE = False
 
 
-def ensure_ray(settings=None):
-    """`ray`, initialised once per process: joined to `settings.address` ($RAY_ADDRESS) or a local instance."""
+def ensure_ray(settings: RayConfig | None = None):
+    """`ray`, initialised once per process: joined to `settings.address` ($RAY_ADDRESS) or a local instance
+    (settings None: RayConfig's defaults)."""
     global _STARTED_HERE
+    settings = settings if settings is not None else RayConfig()
     try:
         import ray
     except ImportError:
@@ -34,7 +38,7 @@ def ensure_ray(settings=None):
     with _LOCK:
         if ray.is_initialized():
             return ray
-        address = getattr(settings, "address", None) or os.environ.get("RAY_ADDRESS") or None
+        address = settings.address or os.environ.get("RAY_ADDRESS") or None
         kwargs: dict = {"include_dashboard": False, "log_to_driver": True, "logging_level": "WARNING",
                         "configure_logging": True}
         # (workers import the installed `coopflow` package: install it on every node of a joined cluster)
@@ -42,9 +46,9 @@ def ensure_ray(settings=None):
             ray.init(address=address, **kwargs)
         else:
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private instance on this machine's loopback
-            if getattr(settings, "local_num_cpus", None):
+            if settings.local_num_cpus:
                 kwargs["num_cpus"] = settings.local_num_cpus
-            if getattr(settings, "object_store_mb", None):
+            if settings.object_store_mb:
                 kwargs["object_store_memory"] = settings.object_store_mb * 2 ** 20
             ray.init(**kwargs)
             _STARTED_HERE = True

@@ -122,7 +122,7 @@ class RunContext:
 
     def joint_actions_per_node(self) -> int:
         t = self.cfg.trainer
-        return len(joint_combos(t.num_generations, self.n, getattr(t, "joint_mode", "aligned")))
+        return len(joint_combos(t.num_generations, self.n, t.joint_mode))
 
     def nodes_per_item(self) -> int:
         """Nodes of a full episode tree (no early termination): sum over depths of branch^t."""
@@ -219,7 +219,7 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
     elif ac:
         init.update(algorithm=cfg.algorithm, shared_head=t.value_head_hidden_dim, critic_type=t.critic_type)
     multi = t.num_turns > 1 and cfg.transition is not None
-    joint_mode = getattr(t, "joint_mode", "aligned")
+    joint_mode = t.joint_mode
     episode = Episode(t.num_turns if multi else 1, joint_mode,
                       Transition(cfg.transition.name, cfg.transition.kwargs) if multi else None,
                       t.early_termination_threshold, t.external_prompt_passthrough, t.discount, reward_per_node=ac)

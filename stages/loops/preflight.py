@@ -200,16 +200,16 @@ def disk_estimate(cfg: RunConfig, train_items: list) -> "budget.DiskEstimate | N
         params = trained = per_agent * len(sizes)
         wb = 4
     n, k = len(sizes), t.num_generations
-    _, nodes = budget.tree_size(k, n, t.num_turns, getattr(t, "joint_mode", "aligned"))
+    _, nodes = budget.tree_size(k, n, t.num_turns, t.joint_mode)
     if trains_in_segments(cfg):
         units = nodes * (k if is_actor_critic(cfg) else 1)
         updates = plan_updates(len(train_items), t.num_train_epochs, t.rollout_buffer_size, 1, units)
         checkpoints = len(plan_segments(updates, cfg.checkpoint_every))
         sequences = len(train_items) * t.num_train_epochs * nodes * k * n
     else:  # preference flows: one checkpoint (per round), P candidates per item and agent (per round)
-        rounds = getattr(t, "num_iterations", 1)
+        rounds = t.num_rounds
         checkpoints = rounds
-        sequences = rounds * len(train_items) * n * getattr(t, "preference_num_candidates", k)
+        sequences = rounds * len(train_items) * n * t.preference_num_candidates
     prompt = sum(len(str(it.get("prompt", ""))) for it in train_items) / max(1, len(train_items))
     per_seq = int(2 * prompt + 8 * t.max_new_tokens + 200)  # text + token ids of prompt and completion, row overhead
     return budget.estimate_disk(params, trained, wb, other, checkpoints, cfg.checkpoint_optimizer, sequences, per_seq)

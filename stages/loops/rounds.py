@@ -319,7 +319,7 @@ def _scoring_reward(ctx: RunContext, r: int, keys: list[str]):
     from coopflow.stages.score.rewards import RewardCaller, resolve_processor
     from coopflow.stages.loops.preference import load_rm_reward
 
-    if getattr(ctx.cfg.trainer, "preference_scoring_reward", "task") != "reward_model" or r == 1:
+    if ctx.cfg.trainer.preference_scoring_reward != "reward_model" or r == 1:
         return ctx.caller, ctx.processor, []  # round 1 has no reward model yet: the task reward
     ref = ctx.store.find("reward_model", rm_round_key(keys[r - 2]))
     if ref is None:

@@ -89,7 +89,7 @@ def run_segments(ctx: RunContext, run_segment: SegmentRunner | None = None,
 
     run_segment = run_segment or default
     ctx.session.rebuild |= segments_to_rebuild(ctx)
-    keep = getattr(ctx.cfg, "checkpoint_optimizer", "all")
+    keep = ctx.cfg.checkpoint_optimizer
     out, ckpt, key = TrainResult(), None, ctx.plan.start_key
     for i, end in enumerate(ctx.end_keys):
         res = run_segment(ctx, i, ckpt, key)

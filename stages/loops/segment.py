@@ -359,7 +359,7 @@ def _baseline_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict],
     t1 = time.perf_counter()
     # centralized: the joint sequence log-prob (every joint token up to and including EOS), never the padded loss
     um = update_policies(pol, rows, adv, t.batch_size, cfg.seed, u.index, t.loss_on_padding and ctx.adapter is None,
-                         getattr(t, "loss_chunk_tokens", None))
+                         t.loss_chunk_tokens)
     ctx.session.calls["update"] += 1
     timing["update_s"] += time.perf_counter() - t1
     per_turn = turn_metrics(scores, rows, joint_returns(scores, children, t.discount),
