@@ -260,7 +260,7 @@ class MADPOIterConfig(_IterativeFields, MADPOConfig):
 
     def model_sources(self) -> list[tuple[str, str]]:
         """The model comparator's sources, when given."""
-        return self.comparator_sources()
+        return super().model_sources() + self.comparator_sources()
 
 
 class MARLHFIterConfig(_IterativeFields, MARLHFConfig):
@@ -277,4 +277,4 @@ class MARLHFIterConfig(_IterativeFields, MARLHFConfig):
 
     def model_sources(self) -> list[tuple[str, str]]:
         """The reward model's backbone, then the model comparator's sources (when given)."""
-        return MARLHFConfig.model_sources(self) + self.comparator_sources()
+        return super().model_sources() + self.comparator_sources()
