@@ -349,15 +349,17 @@ class FacadeTrainer:
     # --- train / evaluate / save ---------------------------------------------------------------------
 
     def train(self, as_flow: bool = False, show_progress: bool = True, continue_run: str | None = None) -> dict:
-        """Run the stages in this process (artifacts + MLflow); `as_flow=True` runs the Prefect flow instead.
+        """Run the stages in this process through coopflow's run driver (the one `coopflow run` and deployments
+        use: run-key lock, resumption of a killed run's MLflow run, remote mirror, lineage); `as_flow=True`
+        runs the same driver as the Prefect flow instead.
 
         `continue_run` (or `wandb_config={"id": RUN_ID, "resume": ...}`) continues an earlier, shorter run of
-        this config (e.g. more epochs) into the same MLflow run, env_step continuing; it runs as the flow,
-        which checks that the earlier run belongs to this config. Returns the run summary; the trained
-        weights are copied into `self.agents`."""
+        this config (e.g. more epochs) into the same MLflow run, env_step continuing; the driver checks that
+        the earlier run belongs to this config. Returns the run summary; the trained weights are copied into
+        `self.agents`."""
         cfg = self.run_config()
         continue_run = continue_run or (self.wandb_config.get("id") if self.wandb_config.get("resume") else None)
-        if as_flow or continue_run:
+        if as_flow:
             from coopflow.flows.train import FLOWS
 
             kw = {"continue_run": continue_run} if continue_run else {}
@@ -366,7 +368,8 @@ class FacadeTrainer:
         else:
             from coopflow._direct import run_tracked
 
-            out = run_tracked(cfg, self.wandb_config.get("tags"), show_progress, self._live_session(cfg))
+            out = run_tracked(cfg, self.wandb_config.get("tags"), show_progress, self._live_session(cfg),
+                              continue_run)
         self._last = out
         self._load_trained(Path(out["checkpoint"]))
         self.env_step = int(out.get("env_steps") or 0)

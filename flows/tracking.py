@@ -143,6 +143,19 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def public_params(cfg) -> dict:
+    """A run config as logged to MLflow: secrets (the API key, header values other than 'env:VAR' references) are
+    masked, never logged."""
+    data = cfg.model_dump(mode="json")
+    t = data.get("trainer") or {}
+    if t.get("comparator_api_key"):
+        t["comparator_api_key"] = "***"
+    if t.get("comparator_api_headers"):
+        t["comparator_api_headers"] = {k: v if str(v).startswith("env:") else "***"
+                                       for k, v in t["comparator_api_headers"].items()}
+    return data
+
+
 def owner_tags() -> dict[str, str]:
     """Which process owns a run: host and pid (a later run of the same key tells a dead owner from a live one)."""
     import socket

@@ -144,7 +144,7 @@ def test_secrets_never_reach_flow_parameters_or_mlflow_params(server, monkeypatc
     import os
 
     from coopflow.flows.cli import secrets_to_env
-    from coopflow.flows.train import _public
+    from coopflow.flows.tracking import public_params as _public
     from coopflow.schemas.config import load_config
 
     monkeypatch.delenv("COOPFLOW_COMPARATOR_API_KEY", raising=False)
