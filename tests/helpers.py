@@ -190,3 +190,12 @@ def delayed_length_ratio(c1, c2, delay: float = 0.1):
     """length_ratio after `delay` seconds (keeps a run busy long enough for a concurrency test)."""
     time.sleep(delay)
     return length_ratio(c1, c2)
+
+
+def remove_segment(store, key: str) -> list[tuple[str, str]]:
+    """Delete a stored checkpoint and the steps and metrics stored beside it (keys `<key>-...`), as a crash before
+    they were written would leave the store; returns what the records were (both kinds must be there)."""
+    records = [(kind, k) for kind, k in store.artifacts() if kind in ("steps", "metrics") and k.startswith(key + "-")]
+    assert {kind for kind, _ in records} == {"steps", "metrics"}, records
+    assert store.remove("checkpoint", key) and all(store.remove(kind, k) for kind, k in records)
+    return records

@@ -6,6 +6,7 @@ import torch
 from coopflow.schemas.config import ConfigError, validate_config
 from coopflow.artifacts import ArtifactStore
 from coopflow.stages.loops.context import make_context
+from coopflow.stages.loops.keys import segment_record_keys
 from coopflow.stages.loops.run import refit_critic
 from coopflow.stages.loops.segment import peek_policies, train_segment
 from coopflow.stages.score.ac_targets import compute_targets, expand_rewards
@@ -254,13 +255,14 @@ def test_refit_critic_from_stored_samples_lowers_value_loss_without_generating(t
     ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
     ends = list(ctx.end_keys)
     before = dict(ctx.session.calls)
-    ref, m = refit_critic(ctx, store.find("checkpoint", ends[-1]), [store.find("steps", k) for k in ends])
+    steps = [store.find("steps", segment_record_keys(ctx, i)[0]) for i in range(len(ends))]
+    ref, m = refit_critic(ctx, store.find("checkpoint", ends[-1]), steps)
     calls = ctx.session.calls
     assert calls["generate"] == before.get("generate", 0) and calls["fit_critic"] == before.get("fit_critic", 0) + 1
     assert m["critic_refit/value_loss_after"] < m["critic_refit/value_loss_before"]
     names = ["critic"] if algo == "maac" else ["agent_0", "agent_1"]
     assert all((store.open_dir(ref) / n / "value_head.pt").is_file() for n in names)
-    again, m2 = refit_critic(ctx, store.find("checkpoint", ends[-1]), [store.find("steps", k) for k in ends])
+    again, m2 = refit_critic(ctx, store.find("checkpoint", ends[-1]), steps)
     assert again.key == ref.key and calls["fit_critic"] == before.get("fit_critic", 0) + 1  # cached: not refit
     assert m2["critic_refit/value_loss_after"] == pytest.approx(m["critic_refit/value_loss_after"], abs=1e-5)
 
@@ -295,7 +297,7 @@ def test_multi_turn_actor_critic_with_reference_kl_runs_td_targets_over_turns(tm
     assert s["env_steps"] == 4 * 2 and set(s["eval"]) >= {"eval/turn_2/reward_mean"}
     store = ArtifactStore(tmp_path / "artifacts")
     ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
-    steps = store.read_rows(store.find("steps", list(ctx.end_keys)[-1]))
+    steps = store.read_rows(store.find("steps", segment_record_keys(ctx, len(ctx.end_keys) - 1)[0]))
     ac = [r for st in steps for r in store.read_rows(store.find(st["signal_kind"], st["signal"]))]
     by = {(r["item_id"], r["agent"], r["turn"]): r for r in ac}
     for (item, agent, turn), r in by.items():
@@ -308,7 +310,8 @@ def test_multi_turn_actor_critic_with_reference_kl_runs_td_targets_over_turns(tm
         else:
             assert r["value_target"] == pytest.approx(r["shaped_reward"])
     assert any(r["ref_kl"] > 0 for r in ac)  # the policy moved away from its frozen reference after update 1
-    keys = {r["key"] for r in store.read_rows(store.find("metrics", list(ctx.end_keys)[-1]))}
+    last = segment_record_keys(ctx, len(ctx.end_keys) - 1)
+    keys = {r["key"] for r in store.read_rows(store.find("metrics", last[1]))}
     assert {"turn_2/value_loss", "turn_2/reference_kl_mean", "turn_1/expected_return"} <= keys
 
 

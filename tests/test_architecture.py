@@ -136,9 +136,6 @@ PROBE_ALLOWED = {
     ("coopflow/_facade.py", "self.reward_func"): "the user's reward function",
     ("coopflow/utils/reference_kl.py", "args"): "the reference's helper API (comlrl.utils.reference_kl) takes any "
                                                "args object, e.g. a SimpleNamespace",
-    # TEMPORARY (issue 32): stages/loops/keys.py is being rewritten separately; its value_clip_range (MAAC has none)
-    # and loss_chunk_tokens probes go with that rewrite. Remove this entry once they are gone.
-    ("stages/loops/keys.py", "t"): "being rewritten (issue 32)",
 }
 
 

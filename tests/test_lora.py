@@ -13,6 +13,7 @@ import torch
 from coopflow.artifacts import ArtifactStore
 from coopflow.schemas.config import ConfigError, validate_config
 from coopflow.stages.loops.run import run_direct
+from tests.helpers import remove_segment
 from tests.conftest import small_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,7 +83,7 @@ def test_lora_checkpoints_hold_adapters_and_resume_exactly(tmp_path, pinned_thre
     before = _adapters(ckpt)
     store = ArtifactStore(tmp_path / "artifacts")
     key = ckpt.name
-    assert store.remove("checkpoint", key) and store.remove("steps", key) and store.remove("metrics", key)
+    remove_segment(store, key)
     again = run_direct(cfg)
     assert "generate" not in again["executed"] and again["executed"]["update"] >= 1
     after = _adapters(Path(again["checkpoint"]))

@@ -220,6 +220,7 @@ def _mt_config(tmp_path, **trainer):
 
 def test_multi_turn_run_logs_per_turn_metrics_and_reruns_from_cache(tmp_path):
     from coopflow.stages.tasks.taskset import build_taskset
+    from coopflow.stages.loops.keys import segment_record_keys
     from coopflow.stages.loops.run import run_direct
 
     cfg = _mt_config(tmp_path)
@@ -228,7 +229,7 @@ def test_multi_turn_run_logs_per_turn_metrics_and_reruns_from_cache(tmp_path):
     store = ArtifactStore(cfg.resolved_data_dir() / "artifacts")
     ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
     assert [len(u.item_ids) for u in ctx.plan.updates] == [1, 1, 1, 1]  # 3 nodes per item fill a buffer of 3
-    end = store.find("metrics", list(ctx.end_keys)[-1])
+    end = store.find("metrics", segment_record_keys(ctx, len(ctx.end_keys) - 1)[1])
     keys = {r["key"] for r in store.read_rows(end)}
     assert {"turn_1/reward_mean", "turn_1/expected_return", "turn_2/reward_mean", "turn_2/expected_return"} <= keys
     assert {"eval/turn_1/reward_mean", "eval/turn_2/expected_return"} <= set(s["eval"])

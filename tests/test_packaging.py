@@ -38,12 +38,16 @@ def test_wheel_installs_one_top_level_package(tmp_path):
     for folder in PARTS:
         for p in (REPO / folder).rglob("*.py"):
             assert f"coopflow/{folder}/{p.relative_to(REPO / folder).as_posix()}" in names, p
-    # a fresh venv (this one's packages visible for the dependencies) with the wheel installed
+    # a fresh venv with the wheel installed; the dependencies come from this environment's site-packages, added
+    # after the venv's own as plain paths (their .pth files, this checkout's editable finder among them, not run)
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
     site = Path(subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
+    import site as site_mod
+
+    (site / "zz_dependencies.pth").write_text("\n".join(site_mod.getsitepackages()) + "\n")
     before = set(p.name for p in site.iterdir())
     subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", str(wheel)], check=True,
                    timeout=300, capture_output=True)

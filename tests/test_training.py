@@ -15,7 +15,7 @@ from coopflow.schemas.config import validate_config
 from coopflow.stages.loops.plan import plan_segments, plan_updates
 from coopflow.stages.loops.run import run_direct
 from tests.conftest import small_config
-from tests.helpers import LEARNING_SEEDS, assert_learns
+from tests.helpers import LEARNING_SEEDS, assert_learns, remove_segment
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def test_resume_replays_stored_rollouts_without_generating(tmp_path):
     w_first = _weights(Path(first["checkpoint"]))
     store = ArtifactStore(tmp_path / "artifacts")
     key = Path(first["checkpoint"]).name
-    assert store.remove("checkpoint", key) and store.remove("steps", key) and store.remove("metrics", key)
+    remove_segment(store, key)  # the last segment's checkpoint, steps and metrics
     second = run_direct(cfg)
     assert "generate" not in second["executed"]  # replayed from stored rollouts
     assert second["executed"]["update"] > 0

@@ -9,7 +9,10 @@ A checkpoint is a directory artifact holding everything a run needs to continue:
     optimizer/agent_i.pt      AdamW state of agent i (and of its shared value head)
     optimizer/critic_i.pt     AdamW state of agent i's separate critic
     optimizer/critic.pt       AdamW state of MAAC's critic
-    trainer_state.json        update, env_step, segment_keys, ... of the last completed update
+    trainer_state.json        update, env_step and epoch of the last completed update; segment_keys and
+                              segment_steps: the segments (end keys, steps keys) of the run that wrote it, which
+                              `coopflow gc` and `rescore_from` follow (a run with another segmentation that reaches
+                              the same policy shares the checkpoint and keeps its own steps under its own keys)
 
 Every module that reads or writes a checkpoint goes through `CheckpointLayout`.
 

@@ -22,7 +22,7 @@ from coopflow.stages.agents.catalog import install, is_catalog_name
 from coopflow.stages.agents.decode import resolve_compute_dtype
 from coopflow.stages.agents.models import build_tiny_model
 from coopflow.stages.loops import budget
-from coopflow.stages.loops.keys import segment_end_keys
+from coopflow.stages.loops.keys import segment_end_keys, start_key
 from coopflow.stages.loops.plan import (STAGE_VERSION, RunPlan, is_actor_critic, plan_segments, plan_updates,
                                trains_in_segments)
 from coopflow.stages.loops.session import Session
@@ -139,13 +139,10 @@ class RunContext:
 def resolve_sources(cfg: RunConfig, store: ArtifactStore) -> tuple[list[str], dict]:
     """Agent sources as loadable paths/ids, and their identity for keys ('tiny' is built into the store)."""
     paths, ident = resolve_model_sources(cfg.actor_sources(), cfg, store, "agents")
-    ident = {"sources": ident, "dtype": cfg.agents.dtype}
-    compute = resolve_compute_dtype(cfg.agents.compute_dtype, cfg.agents.device)
-    if compute != "model":  # (absent otherwise: keys stay as they were) bf16 matmuls make other samples and updates
-        ident["compute_dtype"] = compute
-    if cfg.agents.lora is not None:  # (absent otherwise: full fine-tuning keys stay as they were)
-        ident["lora"] = cfg.agents.lora.model_dump(mode="json")
-    return paths, ident
+    # (the dtype, LoRA and compute settings enter the start key as its declared inputs; `auto` compute resolves
+    # by device, so the resolved one is part of the identity)
+    return paths, {"sources": ident, "compute_dtype": resolve_compute_dtype(cfg.agents.compute_dtype,
+                                                                            cfg.agents.device)}
 
 
 def resolve_model_sources(sources: list[str], cfg: RunConfig, store: ArtifactStore,
@@ -209,15 +206,9 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
     reward = (Reward(RewardCaller(reward_override[0], n), resolve_processor(None), reward_override[1])
               if reward_override else task)
     ac = is_actor_critic(cfg)
-    init: dict = {"init": source_ident}
-    if cfg.cache_salt is not None:  # `coopflow run --fresh`: new keys from the first policy on, nothing reused
-        init["salt"] = cfg.cache_salt
-    critic_paths = None
+    critic_paths, cident = None, None
     if ac and cfg.critic_sources():
         critic_paths, cident = resolve_model_sources(cfg.critic_sources(), cfg, store, "critic")
-        init.update(critics=cident, algorithm=cfg.algorithm, critic_type=t.critic_type)
-    elif ac:
-        init.update(algorithm=cfg.algorithm, shared_head=t.value_head_hidden_dim, critic_type=t.critic_type)
     multi = t.num_turns > 1 and cfg.transition is not None
     joint_mode = t.joint_mode
     episode = Episode(t.num_turns if multi else 1, joint_mode,
@@ -233,7 +224,8 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
     # the plan: updates and segments need the tree shape, which the context's helpers compute
     ctx = RunContext(cfg=cfg, store=store, taskset=taskset, train_items=train, eval_items=evals, sources=sources,
                      reward=reward, task_reward=task, sampling=SamplingConfig.of(cfg, t.num_generations),
-                     episode=episode, plan=RunPlan(key_for("policy", init), (), (), budget.Budget(0, 0, 0, 0, 0, 0)),
+                     episode=episode, plan=RunPlan(start_key(cfg, source_ident, cident), (), (),
+                                                    budget.Budget(0, 0, 0, 0, 0, 0)),
                      session=session or Session(), critic_paths=critic_paths,
                      transition_id=transition_identity(cfg.transition.name, cfg.transition.kwargs) if multi else None,
                      eval_hooks=hooks, adapter=adapter)

@@ -6,8 +6,9 @@ which checkpoints may drop their optimizer state; `apply_gc` does it through the
 
 What a recorded run needs (kept):
 - every artifact its lineage names (taskset, rollouts, scores, advantages / ac_samples / pairs, steps, eval, ...);
-- for each checkpoint it names (any key variant): that checkpoint, every artifact stored under the same key (its
-  segment's `steps` and `metrics`, a round's replay shard, drift, ...), its round's reward model, and the same for
+- for each checkpoint it names (any key variant): that checkpoint, every artifact stored under the same key or a
+  key derived from it (`<key>-...`: its segments' `steps` and `metrics`, a round's metrics, replay shard, drift,
+  ...), its round's reward model, and the same for
   every segment listed in its trainer state (`segment_keys`) with the rollouts, scores and learning signal of
   every update in those segments' `steps` manifests;
 - always: the inputs (`taskset`, `model`, `dataset` kinds), anything a running run holds (its run lock's keys and
@@ -66,8 +67,10 @@ class GcPlan:
 def needed(store: ArtifactStore, roots: Roots, extra_checkpoints: list[str] = ()) -> set[tuple[str, str]]:
     """Every (kind, key) the roots need (see the module doc), present in the store or not."""
     by_key: dict[str, list[str]] = {}
+    family: dict[str, list[str]] = {}  # policy key -> the keys stored with it (itself, '-weights', steps, metrics)
     for kind, key in store.artifacts():
         by_key.setdefault(key, []).append(kind)
+        family.setdefault(key.split("-", 1)[0], []).append(key)
     keep: set[tuple[str, str]] = set()
     steps: list[str] = []
     todo = [policy_key_of(k) for kind, k in roots.artifacts if kind == "checkpoint"]
@@ -82,8 +85,10 @@ def needed(store: ArtifactStore, roots: Roots, extra_checkpoints: list[str] = ()
         if k in seen:
             continue
         seen.add(k)
-        for variant in (k, weights_only_key(k)):
+        for variant in {k, weights_only_key(k), *family.get(k, ())}:
             keep.update((kind, variant) for kind in by_key.get(variant, ()))
+            if "steps" in by_key.get(variant, ()):
+                steps.append(variant)
         keep.add(("reward_model", rm_round_key(k)))
         steps.append(k)
         ck = find_checkpoint(store, k)

@@ -1,24 +1,31 @@
 """The input-addressed keys of a run's artifacts, chained so every key is known before anything runs.
 
-    policy_0       = key of the start (initial sources, critics and algorithm)
-    rollouts_u     = H(policy_u, items of u, sampling, formatters, seed, u [, episode settings])
-    advantages_u   = H(rollouts_u, reward identity, joint mode, advantage mode, normalization[, KL, discount])
-    ac_samples_u   = H(rollouts_u, reward identity, algorithm, critic type, discount, KL, normalization)
-    policy_{u+1}   = H(policy_u, advantages_u | ac_samples_u, learning rates, batch size, seed[, loss])
-    scores_u       = H(rollouts_u, reward identity, per-node rewards, joint mode, env_step before u)
-    eval           = H(checkpoint, eval items, sampling, task reward, formatters, seed[, episode])
+    policy_0       = H(initial sources' identities, start inputs)
+    rollouts_u     = H(policy_u, items of u, u, sampling, prompts, rollouts inputs
+                       [, multi-turn: reward + transition identities, episode inputs])
+    scores_u       = H(rollouts_u, reward identity, env_step before u, scores inputs)
+    advantages_u   = H(rollouts_u, reward identity, advantages inputs)          (MAGRPO family)
+    ac_samples_u   = H(rollouts_u, reward identity, ac_samples inputs)          (IAC / MAAC)
+    policy_{u+1}   = H(policy_u, advantages_u | ac_samples_u, policy inputs)
+    steps_s        = <end key of segment s>-s<H(start and end keys of s)>
+    metrics_s      = <steps_s>-m<H(task reward identity, metrics inputs)>
+    eval           = H(checkpoint, eval items, sampling, task reward identity, prompts, eval inputs)
 
-Multi-turn rollouts depend on the reward (early termination, feedback transitions), so their key then
-also holds the reward, transition, threshold and turn count. env_step is counted at run time (early
-termination makes it data-dependent), which is why only the scores key holds it. A checkpoint is
-stored under the key of the policy version it holds.
+"<kind> inputs" are the config fields `coopflow.stages.loops.inputs.INPUTS` declares for that kind: every
+key takes its config part from there, never from fields picked here. The identities come from code and
+data (a reward function's source hash, a model directory's files, the items' digest), which no config
+field captures. env_step is counted at run time (early termination makes it data-dependent), which is why
+only the scores key holds it. A checkpoint is stored under the key of the policy version it holds; a
+segment's steps and metrics under keys that start with it (so `coopflow gc` keeps them with it), the steps
+key naming where the segment started (two segmentations of one run share checkpoints, never step lists).
 """
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from coopflow.artifacts import key_for
-from coopflow.stages.loops.plan import STAGE_VERSION, Update, is_actor_critic
+from coopflow.stages.loops.inputs import STAGE_VERSION, declared_values
+from coopflow.stages.loops.plan import Update, is_actor_critic
 from coopflow.stages.tasks.taskset import items_digest
 
 if TYPE_CHECKING:  # the context imports this module to plan its keys
@@ -32,62 +39,69 @@ class UpdateKeys:
     policy_after: str
 
 
+def declared_key(kind: str, store_kind: str, cfg, upstream: dict) -> str:
+    """The key of an artifact of `store_kind`: its upstream keys and identities, the config fields declared as
+    inputs of `kind`, and the loop's stage version."""
+    return key_for(store_kind, {"in": upstream, "cfg": declared_values(cfg, kind), "v": STAGE_VERSION})
+
+
+def start_key(cfg, source_ident: dict, critic_ident: list | None) -> str:
+    """Key of the policies a run starts from (the first policy version)."""
+    return declared_key("start", "policy", cfg, {"init": source_ident, "critics": critic_ident})
+
+
 def scores_key(ctx: "RunContext", rollouts_key: str, env_step_base: int) -> str:
     """Key of the scores of one rollouts artifact under this run's reward and joint mode."""
-    return key_for("scores", {"rollouts": rollouts_key, "reward": ctx.reward_id, "per_node": ctx.episode.reward_per_node,
-                              "joint_mode": ctx.episode.joint_mode, "env_step_base": env_step_base})
+    return declared_key("scores", "scores", ctx.cfg, {"rollouts": rollouts_key, "reward": ctx.reward_id,
+                                                      "env_step_base": env_step_base})
 
 
 def update_keys(ctx: "RunContext", policy_key: str, u: Update) -> UpdateKeys:
     """The chained artifact keys of one update (see the module docstring)."""
-    cfg, t = ctx.cfg, ctx.cfg.trainer
+    cfg = ctx.cfg
     items = [ctx.train_items[i] for i in u.item_ids]
-    fmt = ctx.formatter_ids()
-    spec = {"policy": policy_key, "items": items_digest(items), "sampling": ctx.sampling.identity(),
-            "formatters": fmt, "seed": cfg.seed, "update": u.index, "v": STAGE_VERSION,
-            "reference_kl": t.reference_kl_enabled}
-    if t.num_turns > 1:  # the tree's shape and later prompts depend on these
-        spec["episode"] = {"turns": t.num_turns, "transition": ctx.transition_id, "reward": ctx.reward_id,
-                           "joint_mode": ctx.episode.joint_mode, "threshold": t.early_termination_threshold,
-                           "passthrough": t.external_prompt_passthrough, "per_node": ctx.episode.reward_per_node}
-    rk = key_for("rollouts", spec)
-    kl = t.reference_kl_coef if t.reference_kl_enabled else None
+    upstream = {"policy": policy_key, "items": items_digest(items), "update": u.index,
+                "sampling": ctx.sampling.identity(), "formatters": ctx.formatter_ids()}
+    if ctx.episode.num_turns > 1:  # a tree's shape and later prompts depend on the reward and the transition
+        upstream["episode"] = {"cfg": declared_values(cfg, "episode"), "reward": ctx.reward_id,
+                               "transition": ctx.transition_id}
+    rk = declared_key("rollouts", "rollouts", cfg, upstream)
     if is_actor_critic(cfg):
-        ak = key_for("ac_samples", {"rollouts": rk, "reward": ctx.reward_id, "algorithm": cfg.algorithm,
-                                    "critic_type": t.critic_type, "discount": t.discount, "kl_coef": kl,
-                                    "norm": t.advantage_normalization})
-        pk = key_for("policy", {"prev": policy_key, "ac_samples": ak, "lr": t.agent_learning_rate,
-                                "critic_lr": t.critic_lr, "coef": t.value_loss_coef,
-                                "clip": getattr(t, "value_clip_range", None), "batch": t.batch_size, "seed": cfg.seed})
-        return UpdateKeys(rk, ak, pk)
-    adv = {"rollouts": rk, "reward": ctx.reward_id, "joint_mode": t.joint_mode, "mode": cfg.advantage_mode,
-           "norm": t.advantage_normalization, "kl_coef": kl}
-    if t.num_turns > 1:
-        adv["discount"] = t.discount
-    ak = key_for("advantages", adv)
-    spec = {"prev": policy_key, "advantages": ak, "lr": t.agent_learning_rate, "batch": t.batch_size, "seed": cfg.seed}
-    if t.loss_on_padding and ctx.adapter is None:  # the reference's exact loss (pads scored, each row's last token not)
-        spec["loss"] = "comlrl-1.4.3"
-    if getattr(t, "loss_chunk_tokens", None):  # (absent otherwise: keys stay as they were) other float sums, other weights
-        spec["chunk_tokens"] = t.loss_chunk_tokens
-    return UpdateKeys(rk, ak, key_for("policy", spec))
+        ak = declared_key("ac_samples", "ac_samples", cfg, {"rollouts": rk, "reward": ctx.reward_id})
+        signal = {"ac_samples": ak}
+    else:
+        ak = declared_key("advantages", "advantages", cfg, {"rollouts": rk, "reward": ctx.reward_id,
+                                                            "centralized": ctx.adapter is not None})
+        signal = {"advantages": ak}
+    return UpdateKeys(rk, ak, declared_key("policy", "policy", cfg, {"prev": policy_key, **signal,
+                                                                     "centralized": ctx.adapter is not None}))
+
+
+def segment_record_keys(ctx: "RunContext", index: int) -> tuple[str, str]:
+    """(steps key, metrics key) of segment `index` of the plan (see the module docstring)."""
+    end = ctx.end_keys[index]
+    start = ctx.end_keys[index - 1] if index else ctx.plan.start_key
+    steps = f"{end}-s{key_for('steps', {'start': start, 'end': end, 'v': STAGE_VERSION})[:12]}"
+    return steps, metrics_key(ctx, steps)
+
+
+def metrics_key(ctx: "RunContext", record_key: str) -> str:
+    """Key of the metric rows stored beside `record_key` (a segment's steps, a DPO run, a round)."""
+    m = declared_key("metrics", "metrics", ctx.cfg, {"of": record_key, "eval_reward": ctx.eval_reward()[2],
+                                                     "eval_items": items_digest(ctx.eval_items_used())})
+    return f"{record_key}-m{m[:12]}"
 
 
 def eval_key(ctx: "RunContext", ckpt_key: str) -> str:
     """Key of the final evaluation artifact of a checkpoint."""
-    t = ctx.cfg.trainer
-    items = ctx.eval_items_used()
-    fmt = ctx.formatter_ids()
-    spec = {"checkpoint": ckpt_key, "items": items_digest(items), "sampling": ctx.sampling.identity(),
-            "reward": ctx.eval_reward()[2], "formatters": fmt, "seed": ctx.cfg.seed}
-    if t.eval_samples_per_item > 1:
-        spec["samples_per_item"] = t.eval_samples_per_item
-    if t.num_turns > 1:
-        spec["episode"] = {"turns": t.num_turns, "transition": ctx.transition_id, "discount": t.discount,
-                           "passthrough": t.external_prompt_passthrough}
-    return key_for("eval", spec)
+    return declared_key("eval", "eval", ctx.cfg, {
+        "checkpoint": ckpt_key, "items": items_digest(ctx.eval_items_used()), "sampling": ctx.sampling.identity(),
+        "reward": ctx.eval_reward()[2], "formatters": ctx.formatter_ids(), "transition": ctx.transition_id})
 
 
+def critic_refit_key(ctx: "RunContext", policy_key: str, ac_sample_keys: list[str]) -> str:
+    """Key of the critics re-fitted on a run's stored actor-critic samples."""
+    return declared_key("critic", "critic", ctx.cfg, {"checkpoint": policy_key, "samples": ac_sample_keys})
 
 
 def segment_end_keys(ctx: "RunContext") -> tuple[str, ...]:
@@ -100,7 +114,7 @@ def segment_end_keys(ctx: "RunContext") -> tuple[str, ...]:
     return tuple(out)
 
 
-ROUND_STAGE_VERSION = "1"
+ROUND_STAGE_VERSION = "2"  # 2: round keys hold the declared round inputs (evaluation settings included)
 """Stage version of the iterative rounds' keys (`stages.loops.rounds`), apart from the segment loop's."""
 
 

@@ -22,22 +22,20 @@ import random
 import time
 from collections import defaultdict
 
-from coopflow.artifacts import ArtifactRef, ArtifactStore, key_for
+from coopflow.artifacts import ArtifactRef, ArtifactStore
 from coopflow.schemas.config import RunConfig, rl_trainer_fields, validate_config
 from coopflow.stages.agents.models import save_checkpoint
 from coopflow.stages.common.seeds import derive_seed
 from coopflow.stages.evaluate.evaluate import evaluate
 from coopflow.stages.loops import budget as budget_mod
 from coopflow.stages.loops.context import RunContext, formatters_for, make_context, resolve_model_sources
+from coopflow.stages.loops.keys import declared_key, metrics_key
 from coopflow.stages.loops.run import evaluate_checkpoint, run_segments
 from coopflow.stages.loops.segment import acquire_policies
 from coopflow.stages.rollout.generate import SamplingConfig, generate_rollouts
 from coopflow.stages.score.pairs import build_pairs
 from coopflow.stages.score.scores import score_rewards
 from coopflow.stages.tasks.taskset import items_digest
-
-STAGE_VERSION = "1"
-
 
 # --- candidates, scores, pairs -------------------------------------------------------------------
 
@@ -56,20 +54,17 @@ def preference_budget(ctx: RunContext) -> budget_mod.Budget:
 
 
 def candidates_key(ctx: RunContext) -> str:
-    fmt = ctx.formatter_ids()
-    return key_for("rollouts", {"candidates": ctx.plan.start_key, "items": items_digest(ctx.train_items),
-                                "sampling": candidate_sampling(ctx.cfg).identity(), "formatters": fmt,
-                                "seed": ctx.cfg.seed, "v": STAGE_VERSION})
+    return declared_key("candidates", "rollouts", ctx.cfg, {
+        "start": ctx.plan.start_key, "items": items_digest(ctx.train_items),
+        "sampling": candidate_sampling(ctx.cfg).identity(), "formatters": ctx.formatter_ids()})
 
 
 def scores_key(ctx: RunContext) -> str:
-    return key_for("scores", {"candidates": candidates_key(ctx), "reward": ctx.reward_id})
+    return declared_key("scores", "scores", ctx.cfg, {"candidates": candidates_key(ctx), "reward": ctx.reward_id})
 
 
 def pairs_key(ctx: RunContext) -> str:
-    t = ctx.cfg.trainer
-    return key_for("pairs", {"scores": scores_key(ctx), "mode": t.pair_selection,
-                             "limit": t.preference_pairs_per_sample, "seed": ctx.cfg.seed})
+    return declared_key("pairs", "pairs", ctx.cfg, {"scores": scores_key(ctx)})
 
 
 def generate_candidates(ctx: RunContext) -> tuple[ArtifactRef, ArtifactRef]:
@@ -125,10 +120,7 @@ def pairs_by_id(rows: list[dict]) -> dict[int, dict[int, dict]]:
 
 
 def dpo_key(ctx: RunContext) -> str:
-    t = ctx.cfg.trainer
-    return key_for("policy", {"init": ctx.plan.start_key, "pairs": pairs_key(ctx), "beta": t.dpo_beta,
-                              "lr": t.agent_learning_rate, "epochs": t.num_train_epochs, "batch": t.batch_size,
-                              "env": [t.use_environment_step, t.environment_steps_per_pair], "seed": ctx.cfg.seed})
+    return declared_key("dpo", "policy", ctx.cfg, {"init": ctx.plan.start_key, "pairs": pairs_key(ctx)})
 
 
 def train_dpo(ctx: RunContext, pairs: ArtifactRef, show_progress: bool = False) -> dict:
@@ -139,7 +131,8 @@ def train_dpo(ctx: RunContext, pairs: ArtifactRef, show_progress: bool = False) 
 
     store, cfg, t = ctx.store, ctx.cfg, ctx.cfg.trainer
     key = dpo_key(ctx)
-    done = [store.find(k, key) for k in ("checkpoint", "metrics", "steps")]
+    mkey = metrics_key(ctx, key)
+    done = [store.find("checkpoint", key), store.find("metrics", mkey), store.find("steps", key)]
     if all(done):
         return {"checkpoint": done[0], "metrics": done[1], "steps": done[2], "cached": True}
     by_id = pairs_by_id(store.read_rows(pairs))
@@ -183,8 +176,8 @@ def train_dpo(ctx: RunContext, pairs: ArtifactRef, show_progress: bool = False) 
     pol.state = state
     ckpt = store.put_dir("checkpoint", key, lambda d: save_checkpoint(pol, d, state))
     ctx.session.live.put(key, pol)
-    return {"checkpoint": ckpt, "metrics": store.put_table("metrics", key, metric_rows),
-            "steps": store.put_table("steps", key, steps_rows), "cached": False}
+    return {"checkpoint": ckpt, "metrics": store.put_table("metrics", mkey, metric_rows),
+            "steps": store.find("steps", key) or store.put_table("steps", key, steps_rows), "cached": False}
 
 
 # --- MARLHF: reward model, then online RL on it --------------------------------------------------
@@ -195,12 +188,8 @@ def rm_source(cfg: RunConfig) -> str:
 
 
 def rm_key(ctx: RunContext) -> str:
-    t = ctx.cfg.trainer
     paths, ident = resolve_model_sources([rm_source(ctx.cfg)], ctx.cfg, ctx.store, "trainer.reward_model_name")
-    return key_for("reward_model", {"pairs": pairs_key(ctx), "backbone": ident, "lr": t.reward_learning_rate,
-                                    "epochs": t.reward_num_train_epochs, "batch": t.reward_train_batch_size,
-                                    "max_length": t.reward_max_length, "freeze": t.reward_freeze_backbone,
-                                    "seed": ctx.cfg.seed, "dtype": ctx.cfg.agents.dtype})
+    return declared_key("reward_model", "reward_model", ctx.cfg, {"pairs": pairs_key(ctx), "backbone": ident})
 
 
 def fit_rm(ctx: RunContext, pairs: ArtifactRef, key: str | None = None) -> tuple[ArtifactRef, dict[str, float]]:

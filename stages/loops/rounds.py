@@ -35,7 +35,7 @@ from coopflow.stages.evaluate.evaluate import evaluate
 from coopflow.stages.evaluate.reward_drift import drift_metrics, drift_record
 from coopflow.stages.loops.context import (RunContext, formatters_for, joint_prompt_parts, processed_range,
                                   resolve_model_sources)
-from coopflow.stages.loops.keys import ROUND_STAGE_VERSION, rm_round_key
+from coopflow.stages.loops.keys import ROUND_STAGE_VERSION, declared_key, rm_round_key
 from coopflow.stages.loops.run import run_segments
 from coopflow.stages.loops.segment import acquire_policies, open_checkpoint
 from coopflow.stages.rollout.generate import SamplingConfig, generate_rollouts
@@ -49,15 +49,11 @@ STAGE_VERSION = ROUND_STAGE_VERSION
 
 def round_keys(ctx: RunContext) -> list[str]:
     """Checkpoint key of every round 1..num_iterations (computable before anything runs)."""
-    t, out, prev = ctx.cfg.trainer, [], ctx.plan.start_key
-    fmt = ctx.formatter_ids()
-    settings = t.model_dump(exclude={"num_iterations", "eval_interval", "eval_num_samples", "logging_steps",
-                                     "comparator_api_key", "comparator_api_timeout", "comparator_api_retries",
-                                     "preference_replay_dir", "policy_checkpoint_dir"})
-    for r in range(1, t.num_iterations + 1):
-        prev = key_for("checkpoint", {"prev": prev, "round": r, "items": items_digest(ctx.train_items),
-                                      "trainer": settings, "formatters": fmt, "reward": ctx.reward_id,
-                                      "seed": ctx.cfg.seed, "v": STAGE_VERSION})
+    out, prev = [], ctx.plan.start_key
+    for r in range(1, ctx.cfg.trainer.num_iterations + 1):
+        prev = declared_key("round", "checkpoint", ctx.cfg, {
+            "prev": prev, "round": r, "items": items_digest(ctx.train_items), "formatters": ctx.formatter_ids(),
+            "eval_items": items_digest(ctx.eval_items_used()), "reward": ctx.reward_id, "round_version": STAGE_VERSION})
         out.append(prev)
     return out
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from coopflow.artifacts import ArtifactError, ArtifactRef, ArtifactStore, key_for
+from coopflow.artifacts import ArtifactError, ArtifactRef, ArtifactStore
 from coopflow.schemas.config import ConfigError, RunConfig
 from coopflow.stages.agents.checkpoint import (CheckpointLayout, drop_optimizer_state, find_checkpoint, is_weights_only,
                                      policy_key_of)
@@ -29,7 +29,7 @@ from coopflow.stages.loops import actor_critic as AC
 from coopflow.stages.loops.context import RunContext, formatters_for, make_context
 from coopflow.stages.loops.session import Session
 from coopflow.stages.loops.plan import is_actor_critic
-from coopflow.stages.loops.keys import eval_key, scores_key
+from coopflow.stages.loops.keys import critic_refit_key, eval_key, scores_key, segment_record_keys
 from coopflow.stages.loops.segment import (SegmentResult, acquire_policies, node_means, peek_policies, score_or_load,
                                   train_segment)
 from coopflow.stages.tasks.taskset import build_taskset
@@ -111,8 +111,9 @@ def segments_to_rebuild(ctx: RunContext) -> set[int]:
     checkpoint (its optimizer state was dropped, `checkpoint_optimizer` or `coopflow gc`), the segments after the
     last checkpoint that still has it are replayed from their stored rollouts, so training continues exactly."""
     store, ends = ctx.store, ctx.end_keys
-    stored = [find_checkpoint(store, k) is not None and store.find("steps", k) is not None
-              and store.find("metrics", k) is not None for k in ends]
+    records = [segment_record_keys(ctx, i) for i in range(len(ends))]
+    stored = [find_checkpoint(store, k) is not None and store.find("steps", sk) is not None
+              and store.find("metrics", mk) is not None for k, (sk, mk) in zip(ends, records)]
     first = next((i for i, ok in enumerate(stored) if not ok), None)
     if not first or ctx.session.live.peek(ends[first - 1]) is not None:
         return set()  # nothing to train, training starts from the sources, or from live policies
@@ -128,8 +129,9 @@ def stored_training(ctx: RunContext) -> TrainResult:
     if find_checkpoint(store, ctx.run_key) is None:
         raise ConfigError("no trained checkpoint for this config yet: run the 'train' stage first")
     out = TrainResult()
-    for k in ctx.end_keys:
-        out.add(store, SegmentResult(find_checkpoint(store, k), store.find("steps", k), store.find("metrics", k),
+    for i, k in enumerate(ctx.end_keys):
+        sk, mk = segment_record_keys(ctx, i)
+        out.add(store, SegmentResult(find_checkpoint(store, k), store.find("steps", sk), store.find("metrics", mk),
                                      cached=True))
     return out
 
@@ -162,11 +164,13 @@ def training_summary(store: ArtifactStore, trained: TrainResult) -> dict:
 
 
 def segment_keys_of(store: ArtifactStore, run_key: str) -> list[str]:
-    """Segment end keys of an earlier run, read from its final checkpoint's trainer state."""
+    """The keys of the `steps` manifests of every segment of an earlier run, from its final checkpoint's trainer
+    state (older checkpoints stored them under the segments' end keys)."""
     ck = find_checkpoint(store, run_key)
     if ck is None:
         raise ConfigError(f"rescore_from={run_key!r}: no such run (no checkpoint with that run_key in {store.root})")
-    return CheckpointLayout(store.open_dir(ck)).trainer_state().get("segment_keys", [run_key])
+    state = CheckpointLayout(store.open_dir(ck)).trainer_state()
+    return state.get("segment_steps") or state.get("segment_keys", [run_key])
 
 
 def run_direct(cfg: RunConfig, store: ArtifactStore | None = None, show_progress: bool = False,
@@ -218,8 +222,7 @@ def refit_critic(ctx: RunContext, ckpt: ArtifactRef, steps_refs: list[ArtifactRe
             ac_keys.append(step["signal"])
     c = cfg.critic
     lr = c.refit_learning_rate or t.critic_lr
-    key = key_for("critic", {"checkpoint": policy_key_of(ckpt.key), "samples": ac_keys, "epochs": c.refit_epochs, "lr": lr,
-                             "batch": t.batch_size, "seed": cfg.seed})
+    key = critic_refit_key(ctx, policy_key_of(ckpt.key), ac_keys)
     lay = CheckpointLayout(store.open_dir(ckpt))
     if cfg.algorithm == "maac":
         jobs = [("critic", lay.central_critic, samples)]

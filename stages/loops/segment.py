@@ -32,7 +32,7 @@ from coopflow.stages.evaluate.evaluate import evaluate
 from coopflow.stages.loops import actor_critic as AC
 from coopflow.stages.loops.context import RunContext, formatters_for
 from coopflow.stages.loops.plan import Update, is_actor_critic
-from coopflow.stages.loops.keys import UpdateKeys, scores_key, update_keys
+from coopflow.stages.loops.keys import UpdateKeys, scores_key, segment_record_keys, update_keys
 from coopflow.stages.rollout.tree import generate_tree
 from coopflow.stages.score.advantages import compute_advantages, joint_returns, tree_children
 from coopflow.stages.tasks.centralized import parse_failures, split_roles
@@ -211,6 +211,18 @@ def node_means(scores: list[dict]) -> list[float]:
     return [sum(v) / len(v) for v in nodes.values()]
 
 
+def last_logged_step(ctx: RunContext, seg_index: int) -> int | None:
+    """The env_step of the last update whose metrics segments 0..seg_index-1 logged under this run's
+    `logging_steps` (the gate: log when env_step - last logged >= logging_steps), from their stored steps."""
+    last = None
+    for i in range(seg_index):
+        ref = ctx.store.find("steps", segment_record_keys(ctx, i)[0])
+        for row in ctx.store.read_rows(ref) if ref is not None else []:
+            if last is None or row["env_step"] - last >= ctx.cfg.trainer.logging_steps:
+                last = row["env_step"]
+    return last
+
+
 def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, start_key: str,
                   show_progress: bool = False) -> SegmentResult:
     """Run (or replay) the updates of one segment and write its checkpoint, steps and metrics.
@@ -225,7 +237,8 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     seg = ctx.plan.segments[seg_index]
     ends = ctx.end_keys
     end_key = ends[seg_index]
-    done = [find_checkpoint(store, end_key), store.find("steps", end_key), store.find("metrics", end_key)]
+    steps_key, metrics_key = segment_record_keys(ctx, seg_index)
+    done = [find_checkpoint(store, end_key), store.find("steps", steps_key), store.find("metrics", metrics_key)]
     if all(done) and seg_index not in ctx.session.rebuild:  # the whole segment is already stored: nothing to run
         return SegmentResult(done[0], done[1], done[2], cached=True)
     t_load = time.perf_counter()
@@ -233,6 +246,8 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     t_train = time.perf_counter()
     fmts = formatters_for(ctx, pol)
     state = dict(pol.state)
+    if "last_logged" not in state:  # started from a stored checkpoint: this run's logging so far, from its steps
+        state["last_logged"] = last_logged_step(ctx, seg_index)
     policy_key = start_key
     steps_rows, metric_rows = [], []
     timing: Counter = Counter()
@@ -316,9 +331,12 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     # --- checkpoint + segment manifest
     t0 = time.perf_counter()
     state["segment_keys"] = ends[:seg_index + 1]
+    state["segment_steps"] = [segment_record_keys(ctx, i)[0] for i in range(seg_index + 1)]
     pol.state = state
     ckpt_key = policy_key  # a checkpoint is stored under the key of the policy version it holds
-    ckpt = store.put_dir("checkpoint", ckpt_key, lambda d: save_checkpoint(pol, d, state))
+    # (the logging position is this run's, not the policy's: a run with other logging settings shares the checkpoint)
+    stored_state = {k: v for k, v in state.items() if k != "last_logged"}
+    ckpt = store.put_dir("checkpoint", ckpt_key, lambda d: save_checkpoint(pol, d, stored_state))
     ctx.session.calls["checkpoint"] += 1
     timing["checkpoint_s"] += time.perf_counter() - t0
     timing["load_s"] = t_train - t_load
@@ -334,8 +352,8 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     if total_t > 0:
         n_env = env_end - seg[0].env_step_base
         metric_rows.append({"key": "timing/env_steps_per_s", "value": n_env / total_t, "env_step": env_end})
-    steps = store.put_table("steps", ckpt_key, steps_rows)
-    metrics = store.put_table("metrics", ckpt_key, metric_rows)
+    steps = store.find("steps", steps_key) or store.put_table("steps", steps_key, steps_rows)
+    metrics = store.put_table("metrics", metrics_key, metric_rows)
     return SegmentResult(ckpt, steps, metrics)
 
 
