@@ -25,12 +25,14 @@ import torch
 torch.set_num_threads(1)
 from coopflow.schemas.config import LoraSettings
 from coopflow.stages.agents.models import load_policies, save_checkpoint
-from coopflow.stages.agents.lora import load_lora_policies
+from coopflow.stages.agents.lora import load_lora_policies, lora_specs
+from coopflow.stages.agents.spec import specs_for
 src, n, mode, r = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+specs = specs_for([src] * n, 1e-4, references=[src] * n)
 if mode == "lora":
-    pol = load_lora_policies(src, [None] * n, LoraSettings(r=r), 1e-4, "float32", "sdpa", "cpu", None, True, 0)
+    pol = load_lora_policies(lora_specs(specs, src, LoraSettings(r=r), 0))
 else:
-    pol = load_policies([src] * n, 1e-4, "float32", "sdpa", "cpu", reference_sources=[src] * n)
+    pol = load_policies(specs)
 trainable = 0
 for a in pol.agents:
     if a.activate: a.activate()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from coopflow.stages.agents.spec import AgentSpec
 from coopflow.schemas.config import validate_config
 from coopflow.stages.agents import decode as FD
 from coopflow.stages.loops.run import run_direct
@@ -27,7 +28,7 @@ def test_bf16_loss_is_close_to_float32_and_leaves_weights_float32(tiny_model_dir
     from coopflow.stages.agents.state import set_compute_dtype
     from coopflow.stages.update.policy_gradient import policy_loss
 
-    agent = load_agent_state(tiny_model_dir, 1e-3)
+    agent = load_agent_state(AgentSpec(str(tiny_model_dir), 1e-3))
     tok = agent.tokenizer
     node = [{"prompt_ids": tok("the moon is")["input_ids"], "completion_ids": tok(" a big red star .")["input_ids"],
              "advantage": a} for a in (1.0, -0.5)]

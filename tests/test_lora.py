@@ -35,10 +35,11 @@ def _adapters(ckpt: Path) -> dict:
 
 def test_agents_share_one_frozen_base_and_train_only_their_adapters(tiny_model_dir):
     from coopflow.schemas.config import LoraSettings
-    from coopflow.stages.agents.lora import load_lora_policies
+    from coopflow.stages.agents.lora import load_lora_policies, lora_specs
+    from coopflow.stages.agents.spec import specs_for
 
-    pol = load_lora_policies(str(tiny_model_dir), [None, None, None], LoraSettings(r=4), 1e-3, "float32", "sdpa",
-                             "cpu", None, True, seed=0)
+    src = str(tiny_model_dir)
+    pol = load_lora_policies(lora_specs(specs_for([src] * 3, 1e-3, references=[src] * 3), src, LoraSettings(r=4), 0))
     a0, a1, a2 = pol.agents
     assert a0.model is a1.model is a2.model  # one base in memory
     base = sum(p.numel() for n, p in a0.model.named_parameters() if "lora_" not in n)

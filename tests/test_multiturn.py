@@ -2,6 +2,7 @@
 
 import pytest
 
+from coopflow.stages.agents.spec import specs_for
 from coopflow.schemas.config import ConfigError, validate_config
 from coopflow.artifacts import ArtifactStore
 from coopflow.stages.loops.context import make_context
@@ -88,7 +89,7 @@ def test_tree_returns_add_the_mean_child_return_by_hand():
 
 @pytest.fixture(scope="module")
 def policies(tiny_model_dir):
-    return load_policies([tiny_model_dir, tiny_model_dir], 1e-3)
+    return load_policies(specs_for([tiny_model_dir, tiny_model_dir], 1e-3))
 
 
 def _tree(policies, k=2, turns=2, joint="aligned", threshold=None, transition="plain", reward="length_ratio",

@@ -5,6 +5,7 @@ import random
 import pytest
 import torch
 
+from coopflow.stages.agents.spec import specs_for
 from coopflow.schemas.config import ConfigError, validate_config
 from coopflow.artifacts import ArtifactStore
 from coopflow.stages.loops.context import formatters_for, make_context
@@ -182,7 +183,7 @@ def test_madpo_moves_the_task_reward(tmp_path):
         after = P.run_preference_direct(cfg)["eval"]["eval/turn_1/reward_mean"]
         store = ArtifactStore(d / "artifacts")
         ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
-        pol = load_policies(ctx.sources, 1e-3)
+        pol = load_policies(specs_for(ctx.sources, 1e-3))
         _, before = evaluate(pol, ctx.eval_items[:cfg.trainer.eval_num_samples], formatters_for(ctx, pol),
                              ctx.sampling, ctx.caller, ctx.processor, derive_seed(cfg.seed, "final-eval"), ctx.episode)
         gains.append(after - before["eval/turn_1/reward_mean"])
@@ -201,7 +202,7 @@ def _marlhf_gain(tmp_path, seed: int, overrides: tuple = ()) -> tuple[float, dic
     out = P.run_preference_direct(cfg)
     store = ArtifactStore(tmp_path / "artifacts")
     ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
-    pol = load_policies(ctx.sources, 1e-3)
+    pol = load_policies(specs_for(ctx.sources, 1e-3))
     _, before = evaluate(pol, ctx.eval_items[:cfg.trainer.eval_num_samples], formatters_for(ctx, pol),
                          ctx.sampling, ctx.caller, ctx.processor, derive_seed(cfg.seed, "final-eval"), ctx.episode)
     return out["eval"]["eval/turn_1/reward_mean"] - before["eval/turn_1/reward_mean"], out

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from coopflow.stages.agents.spec import AgentSpec, specs_for
 from coopflow.stages.common import progress
 
 PROMPTS = ["write a story about a robot", "the moon"]
@@ -30,7 +31,7 @@ def test_generation_heartbeat_reports_tokens_and_rate(tiny_model_dir, beat_alway
     from coopflow.stages.agents.models import load_agent_state
     from coopflow.stages.rollout.generate import SamplingConfig, generate_for_agent
 
-    agent = load_agent_state(tiny_model_dir, 1e-3)
+    agent = load_agent_state(AgentSpec(str(tiny_model_dir), 1e-3))
     sampling = SamplingConfig(2, 6, 1.0, 1.0, None, backend)
     rows = generate_for_agent(agent.model, agent.tokenizer, PROMPTS, 2, sampling, seed=3, label="agent 1")
     lines = _lines(beat_always, "coopflow.stages.rollout.generate")
@@ -46,7 +47,7 @@ def test_generation_is_quiet_when_shorter_than_the_interval(tiny_model_dir, capl
     from coopflow.stages.rollout.generate import SamplingConfig, generate_for_agent
 
     caplog.set_level(logging.INFO, logger="stages")
-    agent = load_agent_state(tiny_model_dir, 1e-3)
+    agent = load_agent_state(AgentSpec(str(tiny_model_dir), 1e-3))
     generate_for_agent(agent.model, agent.tokenizer, PROMPTS, 1, SamplingConfig(1, 4, 1.0, 1.0, None), seed=0)
     assert not _lines(caplog, "coopflow.stages.rollout.generate")
 
@@ -55,7 +56,7 @@ def test_agent_worker_heartbeats_reach_the_main_process(tiny_model_dir, beat_alw
     from coopflow.stages.agents.workers import WorkerPolicies
     from coopflow.stages.rollout.generate import SamplingConfig, generate_rollouts
 
-    pol = WorkerPolicies([tiny_model_dir, tiny_model_dir], 1e-3, "float32", "sdpa", ["cpu", "cpu"])
+    pol = WorkerPolicies(specs_for([tiny_model_dir, tiny_model_dir], 1e-3))
     try:
         rows = generate_rollouts(pol, [PROMPTS, PROMPTS], [0, 1], SamplingConfig(2, 5, 1.0, 1.0, None), seed=0,
                                  step=0, turn=1)

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from coopflow.stages.agents.spec import specs_for
 from coopflow.artifacts import ArtifactStore
 from coopflow.schemas.config import validate_config
 from coopflow.stages.score.advantages import compute_advantages
@@ -49,9 +50,9 @@ def test_k3_of_identical_models_is_zero_and_positive_after_a_change(tiny):
 
 
 def test_no_reference_loaded_when_disabled(tiny):
-    pol = load_policies([tiny], 1e-3)
+    pol = load_policies(specs_for([tiny], 1e-3))
     assert pol.agents[0].reference is None
-    pol = load_policies([tiny], 1e-3, reference_sources=[str(tiny)])
+    pol = load_policies(specs_for([tiny], 1e-3, references=[str(tiny)]))
     ref = pol.agents[0].reference
     assert ref is not None and ref is not pol.agents[0].model
     assert not any(p.requires_grad for p in ref.parameters())

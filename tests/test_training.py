@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from coopflow.stages.agents.spec import specs_for
 from coopflow.artifacts import ArtifactStore
 from coopflow.schemas.config import validate_config
 from coopflow.stages.loops.plan import plan_segments, plan_updates
@@ -162,7 +163,7 @@ def test_mp_worker_errors_surface_with_agent_index(tmp_path):
     from coopflow.stages.agents.workers import WorkerPolicies
 
     with pytest.raises(FileNotFoundError, match="agent 0 worker"):
-        WorkerPolicies([str(tmp_path / "missing-model")], 1e-3, "float32", "sdpa", ["cpu"])
+        WorkerPolicies(specs_for([str(tmp_path / "missing-model")], 1e-3))
 
 
 def test_thread_count_changes_no_key_and_no_weight_beyond_float_noise(tmp_path):

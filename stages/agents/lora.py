@@ -34,6 +34,7 @@ import torch
 from coopflow.artifacts import faults
 from coopflow.stages.agents.models import is_adapter_dir, load_merged
 from coopflow.stages.agents.state import AgentState, Policies
+from coopflow.stages.agents.spec import AgentSpec, LoraSpec
 
 # PEFT still asks transformers 5 for a renamed attribute; nothing for a user to act on
 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
@@ -102,60 +103,55 @@ def _settings(settings):
     return settings if isinstance(settings, LoraSettings) else LoraSettings.model_validate(settings)
 
 
-def load_lora_policies(base: str, adapters: list[str | None], settings, lr: float, dtype: str,
-                       attn: str | None, device: str, optimizer_files: list | None, with_reference: bool,
-                       seed: int, specs: list[dict | None] | None = None) -> Policies:
-    """N agents as adapters on one base in this process (`adapters[i]`: a stored adapter dir, or None for a
-    new one); `specs[i]`: agent i's actor-critic load spec (value head / separate critic)."""
+def load_lora_policies(specs: list[AgentSpec]) -> Policies:
+    """N agents as adapters on one base in this process (every spec's `lora.base`, loaded with the first spec's
+    dtype, kernel and device); agent i's adapter is its stored adapter dir (`source`) or new."""
     from coopflow.stages.agents.models import attach_actor_critic, load_agent, load_optimizer_state
 
-    settings = _settings(settings)
-    model, tok = load_agent(base, dtype, attn, device)
+    first = specs[0]
+    base = first.lora.base
+    model, tok = load_agent(base, first.dtype, first.attn, first.device)
     model.requires_grad_(False)
     peft = None
-    for i, src in enumerate(adapters):
-        peft = _add_adapter(peft, model, settings, i, src, seed, device)
+    for i, spec in enumerate(specs):
+        stored = spec.source if is_adapter_dir(spec.source) else None
+        peft = _add_adapter(peft, model, _settings(spec.lora.settings), i, stored, spec.lora.seed, first.device)
     peft.eval()
     agents = []
-    for i, src in enumerate(adapters):
-        agent = _agent(peft, tok, i, lr, with_reference, base)
-        attach_actor_critic(agent, src or base, (specs or [None] * len(adapters))[i], dtype, attn, device)
-        load_optimizer_state(agent, (optimizer_files or [None] * len(adapters))[i], device)
+    for i, spec in enumerate(specs):
+        agent = _agent(peft, tok, i, spec.lr, spec.reference is not None, base)
+        attach_actor_critic(agent, spec.source if is_adapter_dir(spec.source) else base, spec)
+        load_optimizer_state(agent, spec.optimizer_file, first.device)
         agents.append(agent)
     agents[0].activate()
     return Policies(agents)
 
 
-def load_lora_agent(source: str, lr: float, dtype: str, attn: str | None, device: str,
-                    optimizer_file: str | None, with_reference: bool, spec: dict) -> AgentState:
+def load_lora_agent(spec: AgentSpec) -> AgentState:
     """One LoRA agent on its own copy of the base (a worker process or Ray actor holds one agent).
 
-    `source`: the base, or agent i's stored adapter dir; `spec["lora"]`: {"base", "index", "settings",
-    "seed"} (`lora_specs`), plus the agent's actor-critic keys. The adapter is initialised exactly as
-    in-process (same name, same seed), so the agent starts from the same weights; the frozen KL reference
-    is the base with the adapter disabled.
+    The adapter is initialised exactly as in-process (same name, same seed), so the agent starts from the same
+    weights; the frozen KL reference is the base with the adapter disabled.
     """
     from coopflow.stages.agents.models import attach_actor_critic, load_agent, load_optimizer_state
 
-    lora = spec["lora"]
-    index = int(lora["index"])
-    model, tok = load_agent(lora["base"], dtype, attn, device)
+    lora = spec.lora
+    model, tok = load_agent(lora.base, spec.dtype, spec.attn, spec.device)
     model.requires_grad_(False)
     faults.hit("prepare")
-    peft = _add_adapter(None, model, _settings(lora["settings"]), index,
-                        source if is_adapter_dir(source) else None, int(lora["seed"]), device)
+    peft = _add_adapter(None, model, _settings(lora.settings), lora.index,
+                        spec.source if is_adapter_dir(spec.source) else None, lora.seed, spec.device)
     peft.eval()
-    agent = _agent(peft, tok, index, lr, with_reference, lora["base"])
-    attach_actor_critic(agent, source, spec, dtype, attn, device)
-    load_optimizer_state(agent, optimizer_file, device)
+    agent = _agent(peft, tok, lora.index, spec.lr, spec.reference is not None, lora.base)
+    attach_actor_critic(agent, spec.source, spec)
+    load_optimizer_state(agent, spec.optimizer_file, spec.device)
     return agent
 
 
-def lora_specs(base: str, settings, seed: int, specs: list[dict | None]) -> list[dict]:
-    """Per-agent load specs for worker processes / Ray actors: each agent's own spec plus its LoRA part."""
-    lora = settings.model_dump(mode="json")
-    return [{**(s or {}), "lora": {"base": str(base), "index": i, "settings": lora, "seed": seed}}
-            for i, s in enumerate(specs)]
+def lora_specs(specs: list[AgentSpec], base: str, settings, seed: int) -> list[AgentSpec]:
+    """The agents' specs as LoRA adapters on `base` (agent i: adapter i)."""
+    lora = _settings(settings).model_dump(mode="json")
+    return [s.with_(lora=LoraSpec(str(base), i, lora, seed)) for i, s in enumerate(specs)]
 
 
 def merge_checkpoint(checkpoint: str | Path, out: str | Path, base: str | None = None) -> list[Path]:

@@ -21,6 +21,7 @@ import torch
 from coopflow.artifacts import faults
 from coopflow.stages.agents.checkpoint import CheckpointLayout
 from coopflow.stages.agents.state import AgentState, CriticState, Policies
+from coopflow.stages.agents.spec import AgentSpec
 
 log = logging.getLogger(__name__)
 
@@ -210,25 +211,18 @@ def save_critic(crit: CriticState, out: Path, optimizer_file: Path | None = None
         torch.save(crit.optimizer.state_dict(), optimizer_file)
 
 
-def load_agent_state(source: str | Path, lr: float, dtype: str = "float32", attn_implementation: str | None = "sdpa",
-                     device: str = "cpu", optimizer_file: Path | None = None, reference_source: str | None = None,
-                     reference_device: str | None = None, spec: dict | None = None) -> AgentState:
-    """Load one agent (its optimizer state when a checkpoint has one, its frozen reference when asked).
-
-    `spec`, the agent's extra load spec (`stages.loops.actor_critic.agent_specs` for actor-critic runs):
-    {"head": bool, "head_dim": int|None} attaches a value head (loaded from `source/value_head.pt` when
-    there); {"critic_source": ..., "critic_lr", "critic_head_dim", "critic_device", "critic_optimizer_file"}
-    loads this agent's separate critic. (A LoRA agent is loaded by `stages.agents.lora.load_lora_agent`.)
-    """
-    model, tok = load_agent(source, dtype, attn_implementation, device)
+def load_agent_state(spec: AgentSpec) -> AgentState:
+    """Load one agent as its spec says: the model, its frozen reference, IAC's value head or critic, and its
+    optimizer state when a checkpoint has one. (A LoRA agent is loaded by `stages.agents.lora`.)"""
+    model, tok = load_agent(spec.source, spec.dtype, spec.attn, spec.device)
     faults.hit("prepare")  # (tests: killed while the agents' models are being prepared)
-    agent = AgentState(model, tok, lr)
-    if reference_source is not None:
-        ref, _ = load_agent(reference_source, dtype, attn_implementation, reference_device or device)
+    agent = AgentState(model, tok, spec.lr)
+    if spec.reference is not None:
+        ref, _ = load_agent(spec.reference, spec.dtype, spec.attn, spec.reference_device or spec.device)
         ref.requires_grad_(False)
         agent.reference = ref
-    attach_actor_critic(agent, source, spec, dtype, attn_implementation, device)
-    load_optimizer_state(agent, optimizer_file, device)
+    attach_actor_critic(agent, spec.source, spec)
+    load_optimizer_state(agent, spec.optimizer_file, spec.device)
     return agent
 
 
@@ -238,19 +232,18 @@ def load_optimizer_state(agent: AgentState, optimizer_file: str | Path | None, d
         agent.ensure_optimizer().load_state_dict(load_tensors(optimizer_file, device))
 
 
-def attach_actor_critic(agent: AgentState, source: str | Path, spec: dict | None, dtype: str,
-                        attn_implementation: str | None, device: str) -> None:
+def attach_actor_critic(agent: AgentState, source: str | Path, spec: AgentSpec) -> None:
     """Give an agent the value head or separate critic its spec asks for (nothing for other runs)."""
-    if spec and spec.get("head"):
+    if spec.value_head is not None:
         from coopflow.stages.agents.value_heads import load_head, new_head
 
-        agent.value_head = load_head(Path(str(source)), resolve_device(device)) if Path(str(source)).is_dir() else None
-        agent.value_head = agent.value_head or new_head(agent.model, spec.get("head_dim"), spec.get("head_seed"))
-    if spec and spec.get("critic_source"):
-        cf = spec.get("critic_optimizer_file")
-        agent.critic = load_critic(spec["critic_source"], spec["critic_lr"], spec.get("critic_head_dim"), dtype,
-                                   attn_implementation, spec.get("critic_device") or device, Path(cf) if cf else None,
-                                   agent.tokenizer, spec.get("head_seed"))
+        src = Path(str(source))
+        agent.value_head = load_head(src, resolve_device(spec.device)) if src.is_dir() else None
+        agent.value_head = agent.value_head or new_head(agent.model, spec.value_head.hidden_dim, spec.value_head.seed)
+    if spec.critic is not None:
+        c = spec.critic
+        agent.critic = load_critic(c.source, c.lr, c.head_dim, spec.dtype, spec.attn, c.device or spec.device,
+                                   Path(c.optimizer_file) if c.optimizer_file else None, agent.tokenizer, c.seed)
 
 
 def save_agent(agent: AgentState, out: Path, index: int) -> None:
@@ -272,18 +265,9 @@ def save_agent(agent: AgentState, out: Path, index: int) -> None:
         save_critic(agent.critic, lay.agent_critic(index), lay.agent_critic_optimizer(index))
 
 
-def load_policies(sources: list[str | Path], lr: float, dtype: str = "float32",
-                  attn_implementation: str | None = "sdpa", device: str = "cpu",
-                  optimizer_files: list[Path | None] | None = None, reference_sources: list[str] | None = None,
-                  reference_devices: list[str] | None = None, specs: list[dict | None] | None = None) -> Policies:
-    """Load every agent from its source dir/id (with frozen references when reference_sources is given)."""
-    n = len(sources)
-    opts = optimizer_files or [None] * n
-    refs = reference_sources or [None] * n
-    rdev = reference_devices or [None] * n
-    specs = specs or [None] * n
-    return Policies([load_agent_state(sources[i], lr, dtype, attn_implementation, device, opts[i], refs[i], rdev[i],
-                                      specs[i]) for i in range(n)])
+def load_policies(specs: list[AgentSpec]) -> Policies:
+    """Every agent in this process, one after the other, as its spec says."""
+    return Policies([load_agent_state(spec) for spec in specs])
 
 
 def save_checkpoint(policies, out: Path, state: dict) -> None:

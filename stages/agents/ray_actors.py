@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 
 from coopflow.schemas.config import RayConfig
+from coopflow.stages.agents.spec import AgentSpec
 
 _LOCK = threading.Lock()
 _STARTED_HERE = False
@@ -71,13 +71,13 @@ def shutdown_ray() -> None:
 class AgentActor:
     """One agent inside a Ray actor: loads it on construction, then runs per-agent ops on it."""
 
-    def __init__(self, threads: int, load_args: tuple):
+    def __init__(self, threads: int, spec: AgentSpec):
         import torch
 
         torch.set_num_threads(max(1, threads))
         from coopflow.stages.agents.workers import load_remote_agent
 
-        self.agent = load_remote_agent(*load_args)
+        self.agent = load_remote_agent(spec)
 
     def ready(self) -> str:
         """The node this actor runs on (start-up errors surface when this is awaited)."""
@@ -92,29 +92,18 @@ class AgentActor:
 class RayPolicies:
     """A `PolicyGroup` (see `stages.agents.state`) with one Ray actor per agent."""
 
-    def __init__(self, sources: list[str | Path], lr: float, dtype: str, attn: str | None, devices: list[str],
-                 settings, optimizer_files: list[Path | None] | None = None,
-                 reference_sources: list[str] | None = None, reference_devices: list[str] | None = None,
-                 specs: list[dict | None] | None = None):
+    def __init__(self, specs: list[AgentSpec], settings):
         ray = ensure_ray(settings)
-        n = len(sources)
+        n = len(specs)
         cpus = settings.per_agent("num_cpus_per_agent", n)
         gpus = settings.per_agent("num_gpus_per_agent", n)
-        opts = optimizer_files or [None] * n
-        refs = reference_sources or [None] * n
-        rdev = reference_devices or [None] * n
-        specs = specs or [None] * n
         remote = ray.remote(AgentActor)
         self.state: dict = {}
         self.critic = None  # MAAC's central critic lives in the main process
-        self._sources = [str(s) for s in sources]
+        self._sources = [s.source for s in specs]
         self._tokenizers = None
-        self._actors = []
-        for i in range(n):
-            args = (str(sources[i]), lr, dtype, attn, devices[i], str(opts[i]) if opts[i] else None,
-                    str(refs[i]) if refs[i] else None, rdev[i], specs[i])
-            self._actors.append(remote.options(num_cpus=cpus[i], num_gpus=gpus[i], name=None,
-                                               max_restarts=0).remote(int(cpus[i]), args))
+        self._actors = [remote.options(num_cpus=cpus[i], num_gpus=gpus[i], name=None,
+                                       max_restarts=0).remote(int(cpus[i]), spec) for i, spec in enumerate(specs)]
         try:
             self.nodes = self._gather([a.ready.remote() for a in self._actors])
         except BaseException:

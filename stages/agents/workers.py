@@ -25,7 +25,8 @@ import logging
 import multiprocessing as mp
 import traceback
 from multiprocessing.connection import wait
-from pathlib import Path
+
+from coopflow.stages.agents.spec import AgentSpec
 
 
 class _PipeLogHandler(logging.Handler):
@@ -71,9 +72,7 @@ def _relay(conn):
     return msg
 
 
-def _worker(conn, source: str, lr: float, dtype: str, attn: str | None, device: str, threads: int,
-            optimizer_file: str | None, reference_source: str | None = None, reference_device: str | None = None,
-            spec: dict | None = None, log_settings: dict | None = None) -> None:
+def _worker(conn, spec: AgentSpec, threads: int, log_settings: dict | None = None) -> None:
     """Worker loop: load the agent, then serve ops until 'close'."""
     try:
         _forward_logs(conn, log_settings or {})
@@ -81,8 +80,7 @@ def _worker(conn, source: str, lr: float, dtype: str, attn: str | None, device: 
 
         if threads > 0:
             torch.set_num_threads(threads)
-        agent = load_remote_agent(source, lr, dtype, attn, device, optimizer_file, reference_source,
-                                  reference_device, spec)
+        agent = load_remote_agent(spec)
         conn.send(("ok", None))
     except BaseException as err:  # report load errors to the parent
         conn.send(("error", (type(err).__name__, str(err), traceback.format_exc())))
@@ -101,18 +99,16 @@ def _worker(conn, source: str, lr: float, dtype: str, attn: str | None, device: 
             conn.send(("error", (type(err).__name__, str(err), traceback.format_exc())))
 
 
-def load_remote_agent(source: str, lr: float, dtype: str, attn: str | None, device: str, optimizer_file: str | None,
-                      reference_source: str | None, reference_device: str | None, spec: dict | None):
-    """The agent a worker process or Ray actor holds: a full model, or (spec["lora"]) a LoRA adapter on its own
+def load_remote_agent(spec: AgentSpec):
+    """The agent a worker process or Ray actor holds: a full model, or (spec.lora) a LoRA adapter on its own
     copy of the base."""
-    if spec and spec.get("lora"):
+    if spec.lora is not None:
         from coopflow.stages.agents.lora import load_lora_agent
 
-        return load_lora_agent(source, lr, dtype, attn, device, optimizer_file, reference_source is not None, spec)
+        return load_lora_agent(spec)
     from coopflow.stages.agents.models import load_agent_state
 
-    return load_agent_state(source, lr, dtype, attn, device, Path(optimizer_file) if optimizer_file else None,
-                            reference_source, reference_device, spec)
+    return load_agent_state(spec)
 
 
 _REraise = {"FloatingPointError": FloatingPointError, "ValueError": ValueError, "TypeError": TypeError,
@@ -150,12 +146,8 @@ def _context():
 class WorkerPolicies:
     """A `PolicyGroup` (see `stages.agents.state`) with one worker process per agent."""
 
-    def __init__(self, sources: list[str | Path], lr: float, dtype: str, attn: str | None, devices: list[str],
-                 optimizer_files: list[Path | None] | None = None, reference_sources: list[str] | None = None,
-                 reference_devices: list[str] | None = None, specs: list[dict | None] | None = None):
-        n = len(sources)
-        specs = specs or [None] * n
-        cpu_workers = sum(1 for d in devices if d == "cpu")
+    def __init__(self, specs: list[AgentSpec]):
+        cpu_workers = sum(1 for s in specs if s.device == "cpu")
         # the CPU workers share this process's torch thread budget (all cores by default, OMP_NUM_THREADS when set),
         # so an mp run uses as many threads as the in-process run would, split between the agents
         import torch
@@ -168,22 +160,17 @@ class WorkerPolicies:
         self.state: dict = {}
         self.critic = None  # MAAC's central critic lives in the main process
         self._conns, self._procs = [], []
-        opts = optimizer_files or [None] * n
-        refs = reference_sources or [None] * n
-        rdev = reference_devices or [None] * n
-        for i in range(n):
+        for i, spec in enumerate(specs):
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_worker, name=f"coopflow-agent-{i}", daemon=True,
-                            args=(child, str(sources[i]), lr, dtype, attn, devices[i],
-                                  threads if devices[i] == "cpu" else 0, str(opts[i]) if opts[i] else None,
-                                  str(refs[i]) if refs[i] else None, rdev[i], specs[i], logs))
+                            args=(child, spec, threads if spec.device == "cpu" else 0, logs))
             p.start()
             child.close()  # only the worker holds its end: a dead worker then reads as EOF, not a hang
             self._conns.append(parent)
             self._procs.append(p)
         # Tokenizers are also needed here (formatters with chat templates); they are cheap to load.
         self._tokenizers = None
-        self._sources = [str(s) for s in sources]
+        self._sources = [s.source for s in specs]
         try:
             for i, c in enumerate(self._conns):
                 try:

@@ -18,6 +18,7 @@ Per update, after the shared tree/rollout stage (`stages.rollout.tree`, with per
 from collections import defaultdict
 
 from coopflow.stages.agents.checkpoint import CheckpointLayout
+from coopflow.stages.agents.spec import AgentSpec, CriticSpec, ValueHeadSpec
 from coopflow.stages.agents.value_heads import joint_critic_text
 from coopflow.stages.common.seeds import derive_seed
 from coopflow.stages.score.ac_targets import compute_targets
@@ -25,27 +26,24 @@ from coopflow.stages.fit.critic import critic_step, predict_values
 from coopflow.stages.update.actor_critic import agent_values, minibatches, update_actor
 
 
-def agent_specs(cfg, critic_paths: list[str] | None, devices: list[str],
-                checkpoint: CheckpointLayout | None = None) -> list[dict | None]:
-    """Per-agent actor-critic load specs for `load_agent_state` (IAC only; MAAC's critic is central);
-    `checkpoint`: where the separate critics' optimizer states are."""
+def agent_specs(cfg, specs: list[AgentSpec], critic_paths: list[str] | None,
+                checkpoint: CheckpointLayout | None = None) -> list[AgentSpec]:
+    """The agents' specs with IAC's value head or separate critic (MAAC's critic is central, other algorithms
+    have none); `checkpoint`: where the separate critics' optimizer states are."""
     t = cfg.trainer
     if cfg.algorithm != "iac":
-        return [None] * cfg.agents.n
+        return specs
     if not t.use_separate_critic:
-        return [{"head": True, "head_dim": t.value_head_hidden_dim, "head_seed": derive_seed(cfg.seed, "value_head", i)}
-                for i in range(cfg.agents.n)]
+        return [s.with_(value_head=ValueHeadSpec(t.value_head_hidden_dim, derive_seed(cfg.seed, "value_head", i)))
+                for i, s in enumerate(specs)]
     cdev = t.critic_devices
-    cdevs = [cdev] * cfg.agents.n if isinstance(cdev, str) or cdev is None else list(cdev)
+    cdevs = [cdev] * len(specs) if isinstance(cdev, str) or cdev is None else list(cdev)
     if len(cdevs) == 1:
-        cdevs = cdevs * cfg.agents.n
-    specs = []
-    for i in range(cfg.agents.n):
-        opt = str(checkpoint.agent_critic_optimizer(i)) if checkpoint is not None else None
-        specs.append({"critic_source": critic_paths[i], "critic_lr": t.critic_lr,
-                      "critic_head_dim": t.critic_value_head_hidden_dim, "critic_device": cdevs[i] or devices[i],
-                      "critic_optimizer_file": opt, "head_seed": derive_seed(cfg.seed, "critic_head", i)})
-    return specs
+        cdevs = cdevs * len(specs)
+    return [s.with_(critic=CriticSpec(critic_paths[i], t.critic_lr, t.critic_value_head_hidden_dim,
+                                      cdevs[i] or s.device, derive_seed(cfg.seed, "critic_head", i),
+                                      str(checkpoint.agent_critic_optimizer(i)) if checkpoint is not None else None))
+            for i, s in enumerate(specs)]
 
 
 def _samples(rows: list[dict], scores: list[dict]) -> list[dict]:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from coopflow.artifacts import ArtifactRef, key_for
 from coopflow.stages.agents.checkpoint import CheckpointLayout
 from coopflow.stages.agents.models import load_policies, save_checkpoint
+from coopflow.stages.agents.spec import specs_for
 from coopflow.stages.agents.state import Policies
 from coopflow.stages.common.seeds import derive_seed
 from coopflow.stages.evaluate.evaluate import evaluate
@@ -81,8 +82,7 @@ def _comparator(ctx: RunContext, r: int, keys: list[str], target):
     devices = agent_devices(t.comparator_devices, ctx.n, a.device)
 
     def frozen(dirs) -> Policies:  # comparator agent i from dirs[i] on comparator device i
-        return Policies([load_policies([d], t.agent_learning_rate, a.dtype, a.attn_implementation, dev).agents[0]
-                         for d, dev in zip(dirs, devices)])
+        return load_policies(specs_for(dirs, t.agent_learning_rate, a.dtype, a.attn_implementation, devices))
 
     if t.comparator_policy == "current" or (t.comparator_policy == "current_copy" and set(devices) == {a.device}):
         return target, True  # (current_copy on the agents' own devices uses the agents, as the reference)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from coopflow.artifacts import ArtifactRef
 from coopflow.stages.agents.checkpoint import CheckpointLayout, find_checkpoint, is_weights_only, policy_key_of
 from coopflow.stages.agents.models import load_critic, load_policies, save_checkpoint
+from coopflow.stages.agents.spec import specs_for
 from coopflow.stages.agents.state import set_compute_dtype
 from coopflow.stages.agents.workers import WorkerPolicies, agent_devices
 from coopflow.stages.common.progress import bar_safe_logging
@@ -61,38 +62,32 @@ def _open_policies(ctx: RunContext, sources: list, optimizer_files: list | None,
     """
     a, t = ctx.cfg.agents, ctx.cfg.trainer
     devices = agent_devices(t.agent_devices, ctx.n, a.device)
+    if t.parallel_training == "ray" and t.agent_devices is None:  # an actor that reserves a GPU uses it (Ray sets its
+        gpus = ctx.cfg.ray.per_agent("num_gpus_per_agent", ctx.n)  # CUDA_VISIBLE_DEVICES)
+        devices = ["cuda" if g > 0 else d for g, d in zip(gpus, devices)]
     # The frozen references are always the *initial* agent sources (also when resuming a checkpoint).
     refs = list(ctx.sources) if t.reference_kl_enabled else None
     rdev = agent_devices(t.reference_devices, ctx.n, devices[0]) if t.reference_devices else devices
+    specs = [s.with_(reference_device=rdev[i]) for i, s in enumerate(
+        specs_for(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, devices, optimizer_files, refs))]
     critics = ctx.critic_paths
     if checkpoint is not None and ctx.cfg.algorithm == "iac" and critics:
         critics = [str(checkpoint.agent_critic(i)) for i in range(ctx.n)]
-    specs = AC.agent_specs(ctx.cfg, critics, devices, checkpoint)
-    if a.lora is not None and t.parallel_training != "none":  # each worker/actor: its own base copy + its adapter
-        from coopflow.stages.agents.lora import lora_specs
+    specs = AC.agent_specs(ctx.cfg, specs, critics, checkpoint)
+    if a.lora is not None:  # agent i: adapter i on the base (in-process: one shared copy; workers/actors: their own)
+        from coopflow.stages.agents.lora import load_lora_policies, lora_specs
 
-        specs = lora_specs(ctx.sources[0], a.lora, ctx.cfg.seed, specs)
-    if a.lora is not None and t.parallel_training == "none":  # one shared base, an adapter per agent
-        from coopflow.stages.agents.lora import is_adapter_dir, load_lora_policies
-
-        pol = load_lora_policies(ctx.sources[0], [s if is_adapter_dir(s) else None for s in sources], a.lora,
-                                 t.agent_learning_rate, a.dtype, a.attn_implementation, a.device, optimizer_files,
-                                 t.reference_kl_enabled, ctx.cfg.seed, specs)
+        specs = lora_specs(specs, ctx.sources[0], a.lora, ctx.cfg.seed)
+    if a.lora is not None and t.parallel_training == "none":
+        pol = load_lora_policies(specs)
     elif t.parallel_training == "mp":
-        pol = WorkerPolicies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, devices,
-                             optimizer_files, refs, rdev, specs)
+        pol = WorkerPolicies(specs)
     elif t.parallel_training == "ray":
         from coopflow.stages.agents.ray_actors import RayPolicies
 
-        if t.agent_devices is None:  # an actor that reserves a GPU uses it (Ray sets its CUDA_VISIBLE_DEVICES)
-            gpus = ctx.cfg.ray.per_agent("num_gpus_per_agent", ctx.n)
-            devices = ["cuda" if g > 0 else d for g, d in zip(gpus, devices)]
-            rdev = devices if not t.reference_devices else rdev
-        pol = RayPolicies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, devices, ctx.cfg.ray,
-                          optimizer_files, refs, rdev, specs)
+        pol = RayPolicies(specs, ctx.cfg.ray)
     else:
-        pol = load_policies(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, a.device, optimizer_files,
-                            refs, rdev, specs)
+        pol = load_policies(specs)
     pol.run(set_compute_dtype, [(ctx.sampling.compute_dtype,)] * pol.n)
     if ctx.cfg.algorithm == "maac":
         src = str(checkpoint.central_critic) if checkpoint is not None else ctx.critic_paths[0]
