@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from coopflow.schemas.config import _parallel_mode
+from coopflow.schemas.config import parallel_mode
 
 __all__ = ["DeviceScheduler", "normalize_parallel_training"]
 
@@ -17,7 +17,7 @@ DeviceSpec = str | torch.device | Sequence[str | torch.device]
 
 def normalize_parallel_training(mode: object) -> str:
     """'none' (also None / 'null'), 'mp' or coopflow's 'ray'; anything else is a ValueError, as in the trainer configs."""
-    return _parallel_mode(mode)
+    return parallel_mode(mode)
 
 
 def _default() -> torch.device:

@@ -41,7 +41,7 @@ from coopflow.schemas.config.run import (RUN_CONFIGS, CriticConfig, IACRunConfig
 from coopflow.schemas.config.tasks import FormatterConfig, RewardConfig, TasksetConfig, TransitionConfig
 from coopflow.schemas.config.trainer import (ActorCriticConfig, CentralizedMAGRPOConfig, IACConfig, MAACConfig,
                                              MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig,
-                                             _parallel_mode, _TrainerBase)
+                                             _TrainerBase, parallel_mode)
 
 __all__ = [
     "ALGORITHM_ADVANTAGE", "COLLABORATION_ALIASES", "COMPARATOR_ALIASES", "GENERATION_ALIASES", "JOINT_MODE_ALIASES",
@@ -52,8 +52,9 @@ __all__ = [
     "MARLHFIterRunConfig", "MARLHFRunConfig", "MARLOOConfig", "MAReMaxConfig", "RayConfig", "RewardConfig",
     "RunConfig", "TasksetConfig", "TrackingConfig", "TransitionConfig",
     "apply_overrides", "check_replay", "data_dir_path", "field_limits", "format_validation_error",
-    "is_local_model_path", "load_config", "missing_model_dir_message", "per_agent_values", "read_config_file",
+    "is_local_model_path", "load_config", "missing_model_dir_message", "parallel_mode", "per_agent_values",
+    "read_config_file",
     "rl_trainer_fields", "store_path", "validate_config",
 ]
-# Also importable from here, for the modules that use them: _TrainerBase (the trainer configs' common base),
-# _parallel_mode (the scheduler's parallel_training check) and _parse_value (the CLI's override values).
+# Also importable from here, for the modules that use them: _TrainerBase (the trainer configs' common base) and
+# _parse_value (the CLI's override values).

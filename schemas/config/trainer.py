@@ -13,7 +13,7 @@ from coopflow.schemas.config.common import (COLLABORATION_ALIASES, JOINT_MODE_AL
                                             _Strict)
 
 
-def _parallel_mode(v: str | None) -> str:
+def parallel_mode(v: str | None) -> str:
     """none | mp | ray (None/'null' mean none; 'auto' and anything else are refused, as in the reference, which
     has no 'ray')."""
     v = "none" if v is None or str(v).lower() in ("none", "null") else str(v).lower()
@@ -76,7 +76,7 @@ class _TrainerBase(_Strict):
     @field_validator("parallel_training")
     @classmethod
     def _parallel(cls, v: str | None) -> str:
-        return _parallel_mode(v)
+        return parallel_mode(v)
 
     @model_validator(mode="after")
     def _derived(self) -> "_TrainerBase":
