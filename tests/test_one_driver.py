@@ -106,7 +106,8 @@ def test_the_python_api_publishes_to_the_mirror_in_the_environment(tiny_model_di
 @pytest.mark.slow
 def test_the_api_and_the_flow_run_one_driver(tiny_model_dir, tmp_path, monkeypatch, prefect_harness, pinned_threads):
     """The same config through `trainer.train()` and `train_magrpo(config=...)`: the same run key, artifact keys
-    and weights, the same lineage tags in MLflow, and both take the run-key lock."""
+    and weights, the same lineage tags in MLflow, and both take the run-key lock; `train(as_flow=True)` is the
+    flow on the trainer's own store."""
     from coopflow.flows.train import train_magrpo
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # (the flow sets its torch threads; the API leaves the process's)
@@ -130,6 +131,10 @@ def test_the_api_and_the_flow_run_one_driver(tiny_model_dir, tmp_path, monkeypat
     assert lineage[0] == lineage[1] and len(lineage[0]) >= 4, lineage
     assert ra.data.tags["coopflow.entry"] == "python-api" and "prefect.flow_run_id" in rb.data.tags
     assert ra.data.params == rb.data.params | {"data_dir": ra.data.params["data_dir"]}
+    c = tr.train(as_flow=True, show_progress=False)  # the trainer's own config as the flow: all of it stored
+    assert c["run_key"] == a["run_key"] and c["executed"] == {} and locks[-1] == f"run-{a['run_key']}"
+    rc = next(r for r in _mlflow_runs(tmp_path / "api") if r.info.run_id == c["mlflow_run_id"])
+    assert "prefect.flow_run_id" in rc.data.tags and rc.data.tags["coopflow.run_key"] == a["run_key"]
 
 
 SLOW_REWARD = '''
