@@ -256,7 +256,7 @@ class StageClock:
     def install(self) -> None:
         """Wrap the stages where flows.train and stages.loops.run look them up."""
         import coopflow.flows.train as FT
-        import coopflow.stages.loops.context as LC
+        import coopflow.stages.planning.context as LC
         import coopflow.stages.loops.run as LR
 
         for mod, names in ((LR, ("build_taskset", "make_context", "evaluate_initial", "evaluate_checkpoint",

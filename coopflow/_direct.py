@@ -34,7 +34,7 @@ def _run(cfg: RunConfig, store: ArtifactStore, show_progress: bool, session=None
     if cfg.algorithm in ("madpo-iter", "marlhf-iter"):
         from coopflow.stages.agents.checkpoint import CheckpointLayout
         from coopflow.stages.loops import rounds as I
-        from coopflow.stages.loops.context import make_context
+        from coopflow.stages.planning.context import make_context
         from coopflow.stages.tasks.taskset import build_taskset
 
         ctx = make_context(cfg, store, build_taskset(cfg.taskset, store), session=session)

@@ -247,7 +247,7 @@ class FacadeTrainer:
 
         if src != "tiny" and not is_catalog_name(src):
             return src
-        from coopflow.stages.loops.context import resolve_model_sources
+        from coopflow.stages.planning.context import resolve_model_sources
 
         cfg = self._base_config()
         return resolve_model_sources([src], cfg, ArtifactStore.of(cfg), "agents")[0][0]
@@ -380,9 +380,9 @@ class FacadeTrainer:
         generating with their own `generate`), when they can run in this process: not under mp workers, and not
         for the actor-critic runs (their critics and heads load from the store)."""
         from coopflow.stages.agents.state import AgentState, Policies
-        from coopflow.stages.loops.context import resolve_sources
-        from coopflow.stages.loops.plan import is_actor_critic
-        from coopflow.stages.loops.session import Session
+        from coopflow.stages.planning.context import resolve_sources
+        from coopflow.stages.planning.plan import is_actor_critic
+        from coopflow.stages.planning.session import Session
 
         t = cfg.trainer
         self._prepare_tokenizers()
@@ -418,7 +418,7 @@ class FacadeTrainer:
         from coopflow.stages.common.seeds import derive_seed
         from coopflow.stages.evaluate.evaluate import evaluate
         from coopflow.stages.agents.state import AgentState, Policies
-        from coopflow.stages.loops.context import formatters_for, make_context
+        from coopflow.stages.planning.context import formatters_for, make_context
         from coopflow.stages.tasks.taskset import build_taskset
 
         cfg = self.run_config()

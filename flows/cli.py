@@ -216,7 +216,7 @@ def _check_model_dirs(cfg) -> None:
 def _validate(args) -> int:
     cfg = _load(args, args.algorithm)
     _check_model_dirs(cfg)
-    from coopflow.stages.loops.preflight import PreflightError, check_user_code
+    from coopflow.stages.operations.preflight import PreflightError, check_user_code
 
     try:  # the user code the config names must import (what `run` checks first, without touching the data dir)
         check_user_code(cfg)
@@ -413,7 +413,7 @@ def _run(args) -> int:
         args.overrides.append(f"cache_salt=fresh-{uuid.uuid4().hex[:12]}")
     cfg = _load(args, algorithm)  # fails fast, before Prefect or any model loads
     _check_model_dirs(cfg)
-    from coopflow.stages.loops.preflight import PreflightError, preflight
+    from coopflow.stages.operations.preflight import PreflightError, preflight
 
     try:  # the data dir, the user code the config names, the taskset, the disk: one line each, before Prefect starts
         disk = preflight(cfg)
@@ -429,7 +429,7 @@ def _run(args) -> int:
             return 2
     import shutil
 
-    from coopflow.stages.loops.budget import human_bytes
+    from coopflow.stages.planning.budget import human_bytes
 
     free = human_bytes(shutil.disk_usage(cfg.resolved_data_dir()).free)
     print(f"coopflow: disk: this run writes {disk.describe()}; {free} free under {cfg.resolved_data_dir()}"

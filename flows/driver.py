@@ -35,9 +35,9 @@ from coopflow.artifacts import ArtifactRef, ArtifactStore
 from coopflow.flows.tracking import Tracker, public_params, reward_curve_svg, tracker_for
 from coopflow.schemas.config import ConfigError, RunConfig
 from coopflow.stages.agents.checkpoint import policy_key_of
-from coopflow.stages.loops import context as C
+from coopflow.stages.planning import context as C
 from coopflow.stages.loops import run as R
-from coopflow.stages.loops.keys import eval_key
+from coopflow.stages.planning.keys import eval_key
 from coopflow.stages.loops.segment import SegmentResult, train_segment
 from coopflow.stages.tasks.taskset import build_taskset
 
@@ -123,7 +123,7 @@ class Runner:
     logger: Any  # a logging.Logger (or Prefect's run logger)
     tags: dict[str, str] = field(default_factory=dict)  # MLflow tags of the entry point
     label: str | None = None  # default MLflow run name `<algorithm>-<label>` (None: the run's key)
-    session: Any = None  # live agents a run starts from (stages.loops.session.Session), trained in place
+    session: Any = None  # live agents a run starts from (stages.planning.session.Session), trained in place
     sets_threads: bool = True  # sets this process's torch threads (else only when agents.torch_threads says)
 
     def __call__(self, step: str, *args):

@@ -2,7 +2,7 @@
 
 A recorded run is an MLflow run in the data dir's tracking store that coopflow logged: its `coopflow.run_key` tag
 names its final checkpoint, its `lineage.*` tags and `lineage.json` artifact every artifact it read or wrote.
-What to keep and delete given those roots is `stages.loops.gc`.
+What to keep and delete given those roots is `stages.operations.gc`.
 """
 
 import json
@@ -12,8 +12,8 @@ from pathlib import Path
 
 from coopflow.artifacts import ArtifactStore
 from coopflow.stages.agents.checkpoint import policy_key_of
-from coopflow.stages.loops.budget import human_bytes as human
-from coopflow.stages.loops.gc import GcPlan, Roots, apply_gc, plan_gc
+from coopflow.stages.planning.budget import human_bytes as human
+from coopflow.stages.operations.gc import GcPlan, Roots, apply_gc, plan_gc
 
 
 def recorded_roots(data: Path, tracking_uri: str | None = None) -> tuple[Roots, list[str]]:

@@ -33,7 +33,7 @@ from coopflow.artifacts import ArtifactError, ArtifactStore
 from coopflow.flows import driver as D
 from coopflow.flows.driver import STAGES  # noqa: F401  (the stages a run can be limited to)
 from coopflow.schemas.config import ConfigError, load_config
-from coopflow.stages.loops import context as C
+from coopflow.stages.planning import context as C
 
 # Every flow here: prints logged, results returned in memory and never persisted (the artifact store holds what a run
 # makes). Naming the (unused) result storage spares each flow run three requests for the server's default storage.

@@ -5,8 +5,8 @@ import torch
 
 from coopflow.schemas.config import ConfigError, validate_config
 from coopflow.artifacts import ArtifactStore
-from coopflow.stages.loops.context import make_context
-from coopflow.stages.loops.keys import segment_record_keys
+from coopflow.stages.planning.context import make_context
+from coopflow.stages.planning.keys import segment_record_keys
 from coopflow.stages.loops.run import refit_critic
 from coopflow.stages.loops.segment import peek_policies, train_segment
 from coopflow.stages.score.ac_targets import compute_targets, expand_rewards

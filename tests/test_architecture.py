@@ -43,19 +43,21 @@ def _runtime_imports(path: Path) -> set[str]:
     return found
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(typing_too: bool = False) -> dict[str, set[str]]:
     mods = _modules()
+    names = (lambda p: _runtime_imports(p) | _all_imports(p)) if typing_too else _runtime_imports
 
     def resolve(name: str) -> str | None:
         while name and name not in mods:
             name = name.rpartition(".")[0]
         return name or None
 
-    return {m: {t for t in map(resolve, _runtime_imports(p)) if t and t != m} for m, p in mods.items()}
+    return {m: {t for t in map(resolve, names(p)) if t and t != m} for m, p in mods.items()}
 
 
 def test_no_import_cycle():
-    graph, state, cycles = _graph(), {}, []
+    """Not even through imports made only for type checking."""
+    graph, state, cycles = _graph(typing_too=True), {}, []
     assert "coopflow.stages.loops.run" in graph  # the walk sees the installed names
 
     def visit(m: str, path: list[str]) -> None:
@@ -109,8 +111,30 @@ def test_stages_tree_is_the_pipeline():
     """stages/ holds only phase subpackages (no flat modules beside them)."""
     top = sorted(p.name for p in (REPO / "stages").iterdir() if p.suffix == ".py" or
                  (p.is_dir() and (p / "__init__.py").is_file()))
-    assert top == ["__init__.py", "agents", "common", "evaluate", "fit", "loops", "rollout", "score", "tasks",
-                   "update"]
+    assert top == ["__init__.py", "agents", "common", "evaluate", "fit", "loops", "operations", "planning",
+                   "rollout", "score", "tasks", "update"]
+
+
+STAGE_LEVEL = {"common": 0, "agents": 1, "tasks": 2, "rollout": 2, "score": 2, "fit": 2, "update": 2, "evaluate": 2,
+               "planning": 3, "loops": 4, "operations": 5}
+"""The rooms inside stages/, lowest first: shared helpers, the model machinery, the pipeline's phases, run planning
+(context, plan, inputs, keys, budget, session), the algorithm drivers (segment and round loops), operations
+(preflight, gc). A room imports its own level and below (phases use each other where the pipeline needs it)."""
+
+
+def test_rooms_inside_stages_depend_downwards_only():
+    assert set(STAGE_LEVEL) == {p.name for p in (REPO / "stages").iterdir() if (p / "__init__.py").is_file()}
+    bad = []
+    for m, p in _modules().items():
+        if not m.startswith("coopflow.stages.") or m.count(".") < 3:
+            continue
+        room = m.split(".")[2]
+        for t in _runtime_imports(p) | _all_imports(p):
+            if t.startswith("coopflow.stages.") and t.count(".") >= 2:
+                other = t.split(".")[2]
+                if other in STAGE_LEVEL and STAGE_LEVEL[other] > STAGE_LEVEL[room]:
+                    bad.append(f"{m} imports {t}")
+    assert bad == [], bad
 
 
 def test_no_module_level_live_state_in_stages():

@@ -4,10 +4,10 @@ import pytest
 
 from coopflow.artifacts import ArtifactStore
 from coopflow.schemas.config import validate_config
-from coopflow.stages.loops.budget import BudgetExceeded, check, estimate, unreachable_turns_warning
+from coopflow.stages.planning.budget import BudgetExceeded, check, estimate, unreachable_turns_warning
 from coopflow.stages.tasks.taskset import build_taskset
-from coopflow.stages.loops.session import Session
-from coopflow.stages.loops.context import make_context
+from coopflow.stages.planning.session import Session
+from coopflow.stages.planning.context import make_context
 from tests.conftest import small_config
 
 

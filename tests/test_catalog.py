@@ -120,7 +120,7 @@ def test_install_to_a_directory_refuses_a_non_empty_one(fake_package, tiny_model
 
 
 def test_config_can_name_a_catalog_model(fake_package, tiny_model_dir, tmp_path, monkeypatch):
-    from coopflow.stages.loops.context import resolve_sources
+    from coopflow.stages.planning.context import resolve_sources
 
     monkeypatch.setattr(catalog, "convert_gguf", _copy_tiny(tiny_model_dir, []))
     cfg = validate_config(small_config(tmp_path, agents={"agent_model": "fake-model", "num_agents": 2}))

@@ -182,7 +182,7 @@ def test_centralized_madpo_and_marlhf_train_one_joint_actor(tmp_path, algorithm,
 def test_centralized_iterative_round_compares_joint_completions(tmp_path):
     from coopflow.stages.loops.rounds import run_rounds
     from coopflow.stages.tasks.taskset import build_taskset
-    from coopflow.stages.loops.context import make_context
+    from coopflow.stages.planning.context import make_context
 
     cfg = _pref(tmp_path, "madpo-iter", collaboration_mode="centralized", num_iterations=1)
     assert cfg.trainer.comparator_generation_mode == "centralized"  # forced, as in the reference
@@ -200,7 +200,7 @@ def test_centralized_iterative_round_compares_joint_completions(tmp_path):
 def test_coordinator_comparator_writes_every_role(tmp_path, mode):
     """Decentralized agents, a coordinator comparator (agent index 1 of the comparator) writing all the roles."""
     from coopflow.stages.loops import rounds as I
-    from coopflow.stages.loops.context import make_context
+    from coopflow.stages.planning.context import make_context
     from coopflow.stages.loops.segment import acquire_policies
     from coopflow.stages.tasks.taskset import build_taskset
 

@@ -108,7 +108,7 @@ def test_api_comparator_in_a_round(server, tmp_path):
     from coopflow.schemas.config import validate_config
     from coopflow.stages.loops import rounds as I
     from coopflow.artifacts import ArtifactStore
-    from coopflow.stages.loops.context import make_context
+    from coopflow.stages.planning.context import make_context
     from coopflow.stages.tasks.taskset import build_taskset
     from tests.conftest import small_config
 

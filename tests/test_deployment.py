@@ -28,7 +28,7 @@ def _completed_rounds(cfg: dict, algorithm: str) -> int:
     from coopflow.schemas.config import validate_config
     from coopflow.stages.loops import rounds as I
     from coopflow.artifacts import ArtifactStore
-    from coopflow.stages.loops.context import make_context
+    from coopflow.stages.planning.context import make_context
     from coopflow.stages.tasks.taskset import build_taskset
 
     c = validate_config(cfg, algorithm)

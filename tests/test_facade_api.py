@@ -236,9 +236,9 @@ def test_live_agents_start_only_a_context_with_their_sources(tmp_path):
     from coopflow.artifacts import ArtifactStore
     from coopflow.schemas.config import validate_config
     from coopflow.stages.agents.state import Policies
-    from coopflow.stages.loops.context import make_context
+    from coopflow.stages.planning.context import make_context
     from coopflow.stages.loops.segment import acquire_policies
-    from coopflow.stages.loops.session import Session
+    from coopflow.stages.planning.session import Session
     from coopflow.stages.tasks.taskset import build_taskset
     from tests.conftest import small_config
 

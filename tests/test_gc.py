@@ -91,7 +91,7 @@ def test_a_held_run_lock_records_its_keys(tmp_path):
 def test_gc_plan_keeps_what_recorded_runs_need(tmp_path):
     """Without MLflow: roots = one run's final checkpoint. Another run's artifacts are unneeded; the lineage of
     the recorded one (segments, rollouts, scores, advantages) stays; a held lock protects its run's keys."""
-    from coopflow.stages.loops.gc import Roots, apply_gc, plan_gc
+    from coopflow.stages.operations.gc import Roots, apply_gc, plan_gc
 
     a = run_direct(validate_config(_cfg(tmp_path, checkpoint_optimizer="all")))
     store = ArtifactStore(tmp_path / "artifacts")
@@ -160,7 +160,7 @@ def _written(store: ArtifactStore, before: set) -> int:
 def test_disk_estimate_is_within_a_sane_factor_of_what_a_tiny_run_writes(tmp_path, keep):
     """The pre-flight estimate (parameter count from the model's shape, no weights loaded) against the bytes the
     run's checkpoints and rollouts really take (models and the taskset, inputs, not counted)."""
-    from coopflow.stages.loops.preflight import preflight
+    from coopflow.stages.operations.preflight import preflight
 
     cfg = validate_config(_cfg(tmp_path, checkpoint_optimizer=keep))
     est = preflight(cfg)
@@ -175,7 +175,7 @@ def test_disk_estimate_is_within_a_sane_factor_of_what_a_tiny_run_writes(tmp_pat
 
 
 def test_model_size_reads_safetensors_headers(tiny_model_dir):
-    from coopflow.stages.loops.preflight import _tiny_params, model_size
+    from coopflow.stages.operations.preflight import _tiny_params, model_size
 
     cfg = validate_config(small_config(Path("/tmp")))
     params, per, other = model_size(str(tiny_model_dir), cfg)
@@ -189,7 +189,7 @@ def test_a_run_that_does_not_fit_on_the_disk_is_refused_before_it_starts(tmp_pat
     from collections import namedtuple
 
     from coopflow.flows.cli import main
-    from coopflow.stages.loops.preflight import PreflightError, preflight
+    from coopflow.stages.operations.preflight import PreflightError, preflight
 
     cfg = validate_config(_cfg(tmp_path))
     est = preflight(cfg)

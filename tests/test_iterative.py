@@ -5,7 +5,7 @@ import pytest
 from coopflow.schemas.config import ConfigError, validate_config
 from coopflow.stages.loops import rounds as I
 from coopflow.artifacts import ArtifactStore
-from coopflow.stages.loops.context import formatters_for, make_context
+from coopflow.stages.planning.context import formatters_for, make_context
 from coopflow.stages.evaluate.evaluate import evaluate
 from coopflow.stages.loops.segment import acquire_policies
 from coopflow.stages.tasks.taskset import build_taskset
@@ -82,7 +82,7 @@ import json, sys
 from coopflow.schemas.config import validate_config
 from coopflow.stages.loops import rounds as I
 from coopflow.artifacts import ArtifactStore
-from coopflow.stages.loops.context import formatters_for, make_context
+from coopflow.stages.planning.context import formatters_for, make_context
 from coopflow.stages.evaluate.evaluate import evaluate
 from coopflow.stages.loops.segment import acquire_policies
 from coopflow.stages.tasks.taskset import build_taskset

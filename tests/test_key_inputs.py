@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from coopflow.artifacts import ArtifactStore
 from coopflow.schemas import config as C
 from coopflow.schemas.config import validate_config
-from coopflow.stages.loops.inputs import INPUTS, NO_EFFECT, NOT_READ, covers, declared_values
+from coopflow.stages.planning.inputs import INPUTS, NO_EFFECT, NOT_READ, covers, declared_values
 from tests.conftest import small_config
 
 RUN_CONFIGS = [C.RunConfig, *C.RUN_CONFIGS.values()]
@@ -86,7 +86,7 @@ def test_every_config_field_is_an_input_or_has_no_effect():
     unclassified = sorted({f"{p} ({cls.__name__})" for cls in RUN_CONFIGS for p in field_paths(cls)
                            if not _declared(p, KINDS_OF[cls.__name__]) and p not in NO_EFFECT
                            and p not in NOT_READ.get(algorithm.get(cls.__name__), ((), ""))[0]})
-    assert unclassified == [], f"declare these in coopflow.stages.loops.inputs (INPUTS or NO_EFFECT): {unclassified}"
+    assert unclassified == [], f"declare these in coopflow.stages.planning.inputs (INPUTS or NO_EFFECT): {unclassified}"
     both = [p for p in NO_EFFECT if _declared(p) and not all(k in ("round",) for k in _declared(p))]
     assert both == [], f"listed as no-effect but declared as inputs: {both}"
     names = [p.lstrip("-") for paths in INPUTS.values() for p in paths] + list(NO_EFFECT)
@@ -175,9 +175,9 @@ def _alternative(path: str, f, current):
 
 def run_keys(cfg, store) -> dict[str, object]:
     """kind -> the key(s) of that kind the run of `cfg` computes up front (through the real key functions)."""
-    from coopflow.stages.loops import keys as K
-    from coopflow.stages.loops.context import make_context
-    from coopflow.stages.loops.plan import is_actor_critic, trains_in_segments
+    from coopflow.stages.planning import keys as K
+    from coopflow.stages.planning.context import make_context
+    from coopflow.stages.planning.plan import is_actor_critic, trains_in_segments
     from coopflow.stages.tasks.taskset import build_taskset
 
     taskset = build_taskset(cfg.taskset, store)

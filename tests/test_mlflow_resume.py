@@ -5,7 +5,7 @@ import sys
 
 from coopflow.artifacts import ArtifactStore
 from coopflow.schemas.config import validate_config
-from coopflow.stages.loops.context import make_context
+from coopflow.stages.planning.context import make_context
 from coopflow.stages.tasks.taskset import build_taskset
 from tests.conftest import small_config
 

@@ -5,7 +5,7 @@ import pytest
 from coopflow.stages.agents.spec import specs_for
 from coopflow.schemas.config import ConfigError, validate_config
 from coopflow.artifacts import ArtifactStore
-from coopflow.stages.loops.context import make_context
+from coopflow.stages.planning.context import make_context
 from coopflow.stages.score.advantages import compute_advantages, joint_returns, tree_children
 from coopflow.stages.rollout.generate import SamplingConfig
 from coopflow.stages.agents.models import load_policies
@@ -221,7 +221,7 @@ def _mt_config(tmp_path, **trainer):
 
 def test_multi_turn_run_logs_per_turn_metrics_and_reruns_from_cache(tmp_path):
     from coopflow.stages.tasks.taskset import build_taskset
-    from coopflow.stages.loops.keys import segment_record_keys
+    from coopflow.stages.planning.keys import segment_record_keys
     from coopflow.stages.loops.run import run_direct
 
     cfg = _mt_config(tmp_path)

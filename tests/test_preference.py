@@ -8,7 +8,7 @@ import torch
 from coopflow.stages.agents.spec import specs_for
 from coopflow.schemas.config import ConfigError, validate_config
 from coopflow.artifacts import ArtifactStore
-from coopflow.stages.loops.context import formatters_for, make_context
+from coopflow.stages.planning.context import formatters_for, make_context
 from coopflow.stages.evaluate.evaluate import evaluate
 from coopflow.stages.loops import preference as P
 from coopflow.stages.score.pairs import build_pairs, select_pairs

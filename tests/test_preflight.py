@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from coopflow.schemas.config import validate_config
-from coopflow.stages.loops.preflight import PreflightError, preflight
+from coopflow.stages.operations.preflight import PreflightError, preflight
 from tests.conftest import small_config
 
 REPO = Path(__file__).resolve().parents[1]

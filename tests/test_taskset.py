@@ -170,7 +170,7 @@ def test_keys_of_configs_without_held_out_fields_are_unchanged(tmp_path):
 
 def test_a_run_evaluates_on_held_out_items_and_warns_when_it_cannot(tmp_path, caplog):
     from coopflow.schemas.config import validate_config
-    from coopflow.stages.loops.context import make_context
+    from coopflow.stages.planning.context import make_context
     from coopflow.stages.loops.run import run_direct
     from tests.conftest import small_config
 

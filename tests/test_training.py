@@ -13,7 +13,7 @@ import torch
 from coopflow.stages.agents.spec import specs_for
 from coopflow.artifacts import ArtifactStore
 from coopflow.schemas.config import validate_config
-from coopflow.stages.loops.plan import plan_segments, plan_updates
+from coopflow.stages.planning.plan import plan_segments, plan_updates
 from coopflow.stages.loops.run import run_direct
 from tests.conftest import small_config
 from tests.helpers import LEARNING_SEEDS, assert_learns, remove_segment

@@ -27,9 +27,9 @@ from coopflow.schemas.config import RunConfig, rl_trainer_fields, validate_confi
 from coopflow.stages.agents.models import save_checkpoint
 from coopflow.stages.common.seeds import derive_seed
 from coopflow.stages.evaluate.evaluate import evaluate
-from coopflow.stages.loops import budget as budget_mod
-from coopflow.stages.loops.context import RunContext, formatters_for, make_context, resolve_model_sources
-from coopflow.stages.loops.keys import declared_key, metrics_key
+from coopflow.stages.planning import budget as budget_mod
+from coopflow.stages.planning.context import RunContext, formatters_for, make_context, resolve_model_sources
+from coopflow.stages.planning.keys import declared_key, metrics_key
 from coopflow.stages.loops.run import evaluate_checkpoint, run_segments
 from coopflow.stages.loops.segment import acquire_policies
 from coopflow.stages.rollout.generate import SamplingConfig, generate_rollouts

@@ -34,9 +34,9 @@ from coopflow.stages.agents.state import Policies
 from coopflow.stages.common.seeds import derive_seed
 from coopflow.stages.evaluate.evaluate import evaluate
 from coopflow.stages.evaluate.reward_drift import drift_metrics, drift_record
-from coopflow.stages.loops.context import (RunContext, formatters_for, joint_prompt_parts, processed_range,
+from coopflow.stages.planning.context import (RunContext, formatters_for, joint_prompt_parts, processed_range,
                                   resolve_model_sources)
-from coopflow.stages.loops.keys import ROUND_STAGE_VERSION, declared_key, rm_round_key
+from coopflow.stages.planning.keys import ROUND_STAGE_VERSION, declared_key, rm_round_key
 from coopflow.stages.loops.run import run_segments
 from coopflow.stages.loops.segment import acquire_policies, open_checkpoint
 from coopflow.stages.rollout.generate import SamplingConfig, generate_rollouts

@@ -26,10 +26,10 @@ from coopflow.stages.common.seeds import derive_seed
 from coopflow.stages.evaluate.evaluate import eval_metrics, evaluate, hook_metrics
 from coopflow.stages.fit.critic import fit_critic, predict_values
 from coopflow.stages.loops import actor_critic as AC
-from coopflow.stages.loops.context import RunContext, formatters_for, make_context
-from coopflow.stages.loops.session import Session
-from coopflow.stages.loops.plan import is_actor_critic
-from coopflow.stages.loops.keys import critic_refit_key, eval_key, scores_key, segment_record_keys
+from coopflow.stages.planning.context import RunContext, formatters_for, make_context
+from coopflow.stages.planning.session import Session
+from coopflow.stages.planning.plan import is_actor_critic
+from coopflow.stages.planning.keys import critic_refit_key, eval_key, scores_key, segment_record_keys
 from coopflow.stages.loops.segment import (SegmentResult, acquire_policies, node_means, peek_policies, score_or_load,
                                   train_segment)
 from coopflow.stages.tasks.taskset import build_taskset

@@ -8,7 +8,7 @@ value (see `stages.loops.actor_critic`). One update per `rollout_buffer_size` no
 
     generate (tree, depth by depth) + score → advantages | ac_samples → update policies
 
-Each stage writes its Parquet artifact under the chained keys of `stages.loops.keys`. A **segment**
+Each stage writes its Parquet artifact under the chained keys of `stages.planning.keys`. A **segment**
 is a run of updates ending in a checkpoint (`checkpoint_every` updates, default one epoch).
 Resuming a killed run reloads the segment's start checkpoint and *replays* the updates whose
 rollouts are already stored (no generation), so no completed step is lost; a fully stored segment
@@ -31,9 +31,9 @@ from coopflow.stages.common.seeds import derive_seed
 from coopflow.stages.common.user_code import load_callable
 from coopflow.stages.evaluate.evaluate import evaluate
 from coopflow.stages.loops import actor_critic as AC
-from coopflow.stages.loops.context import RunContext, formatters_for
-from coopflow.stages.loops.plan import Update, is_actor_critic
-from coopflow.stages.loops.keys import UpdateKeys, scores_key, segment_record_keys, update_keys
+from coopflow.stages.planning.context import RunContext, formatters_for
+from coopflow.stages.planning.plan import Update, is_actor_critic
+from coopflow.stages.planning.keys import UpdateKeys, scores_key, segment_record_keys, update_keys
 from coopflow.stages.rollout.tree import generate_tree
 from coopflow.stages.score.advantages import compute_advantages, joint_returns, tree_children
 from coopflow.stages.tasks.centralized import parse_failures, split_roles

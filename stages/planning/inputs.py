@@ -1,6 +1,6 @@
 """What each artifact's content depends on, declared once: the config fields that enter its key.
 
-Every artifact is stored under a key computed before anything runs (`coopflow.stages.loops.keys`): a hash of
+Every artifact is stored under a key computed before anything runs (`coopflow.stages.planning.keys`): a hash of
 its upstream keys (the policy it was sampled from, the rollouts it scores, ...), of identities derived from
 code (a reward function's source, a model directory's files, the items' digest) and of the config fields
 declared here for its kind. A config field changes an artifact only through a key that holds it, so each

@@ -3,9 +3,9 @@
 `make_context(cfg, store, taskset)` loads no model. It resolves the agent sources ('tiny' is built
 into the store), the items, the reward (and, for MARLHF's RL phase, the reward model that replaces
 it in training), the sampling settings and the episode shape, then plans the whole run
-(`stages.loops.plan`): the updates and segments, the policy key at the start and the checkpoint key
+(`stages.planning.plan`): the updates and segments, the policy key at the start and the checkpoint key
 at the end of every segment (computable before anything runs because every key is input-addressed,
-see `stages.loops.keys`), the budget (updates, generate calls, sequences, joint actions; refused up
+see `stages.planning.keys`), the budget (updates, generate calls, sequences, joint actions; refused up
 front when over `max_sequences`) and planning warnings (e.g. unreachable later turns).
 
 `RunPlan` and `RunContext` are frozen: nothing changes them after `make_context`. What a run
@@ -21,11 +21,11 @@ from coopflow.schemas.config import FormatterConfig, RunConfig, is_local_model_p
 from coopflow.stages.agents.catalog import install, is_catalog_name
 from coopflow.stages.agents.decode import resolve_compute_dtype
 from coopflow.stages.agents.models import build_tiny_model
-from coopflow.stages.loops import budget
-from coopflow.stages.loops.keys import segment_end_keys, start_key
-from coopflow.stages.loops.plan import (STAGE_VERSION, RunPlan, is_actor_critic, plan_segments, plan_updates,
+from coopflow.stages.planning import budget
+from coopflow.stages.planning.keys import segment_end_keys, start_key
+from coopflow.stages.planning.plan import (STAGE_VERSION, RunPlan, is_actor_critic, plan_segments, plan_updates,
                                trains_in_segments)
-from coopflow.stages.loops.session import Session
+from coopflow.stages.planning.session import Session
 from coopflow.stages.rollout.generate import SamplingConfig
 from coopflow.stages.rollout.tree import Episode
 from coopflow.stages.score.executors import make_executor

@@ -11,7 +11,7 @@
     metrics_s      = <steps_s>-m<H(task reward identity, metrics inputs)>
     eval           = H(checkpoint, eval items, sampling, task reward identity, prompts, eval inputs)
 
-"<kind> inputs" are the config fields `coopflow.stages.loops.inputs.INPUTS` declares for that kind: every
+"<kind> inputs" are the config fields `coopflow.stages.planning.inputs.INPUTS` declares for that kind: every
 key takes its config part from there, never from fields picked here. The identities come from code and
 data (a reward function's source hash, a model directory's files, the items' digest), which no config
 field captures. env_step is counted at run time (early termination makes it data-dependent), which is why
@@ -21,15 +21,37 @@ key naming where the segment started (two segmentations of one run share checkpo
 """
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from coopflow.artifacts import key_for
-from coopflow.stages.loops.inputs import STAGE_VERSION, declared_values
-from coopflow.stages.loops.plan import Update, is_actor_critic
+from coopflow.stages.planning.inputs import STAGE_VERSION, declared_values
+from coopflow.stages.planning.plan import Update, is_actor_critic
 from coopflow.stages.tasks.taskset import items_digest
 
-if TYPE_CHECKING:  # the context imports this module to plan its keys
-    from coopflow.stages.loops.context import RunContext
+
+class KeyContext(Protocol):
+    """What the key functions read of a run's context (`coopflow.stages.planning.context.RunContext` is one):
+    the config, the items, the sampling and episode settings, and the identities derived from code and data."""
+
+    cfg: Any
+    train_items: list[dict]
+    sampling: Any
+    episode: Any
+    plan: Any
+    adapter: object | None
+    transition_id: dict | None
+
+    @property
+    def reward_id(self) -> dict: ...
+
+    @property
+    def end_keys(self) -> tuple[str, ...]: ...
+
+    def formatter_ids(self) -> list: ...
+
+    def eval_reward(self) -> tuple: ...
+
+    def eval_items_used(self) -> list[dict]: ...
 
 
 @dataclass(frozen=True)
@@ -50,13 +72,13 @@ def start_key(cfg, source_ident: dict, critic_ident: list | None) -> str:
     return declared_key("start", "policy", cfg, {"init": source_ident, "critics": critic_ident})
 
 
-def scores_key(ctx: "RunContext", rollouts_key: str, env_step_base: int) -> str:
+def scores_key(ctx: KeyContext, rollouts_key: str, env_step_base: int) -> str:
     """Key of the scores of one rollouts artifact under this run's reward and joint mode."""
     return declared_key("scores", "scores", ctx.cfg, {"rollouts": rollouts_key, "reward": ctx.reward_id,
                                                       "env_step_base": env_step_base})
 
 
-def update_keys(ctx: "RunContext", policy_key: str, u: Update) -> UpdateKeys:
+def update_keys(ctx: KeyContext, policy_key: str, u: Update) -> UpdateKeys:
     """The chained artifact keys of one update (see the module docstring)."""
     cfg = ctx.cfg
     items = [ctx.train_items[i] for i in u.item_ids]
@@ -77,7 +99,7 @@ def update_keys(ctx: "RunContext", policy_key: str, u: Update) -> UpdateKeys:
                                                                      "centralized": ctx.adapter is not None}))
 
 
-def segment_record_keys(ctx: "RunContext", index: int) -> tuple[str, str]:
+def segment_record_keys(ctx: KeyContext, index: int) -> tuple[str, str]:
     """(steps key, metrics key) of segment `index` of the plan (see the module docstring)."""
     end = ctx.end_keys[index]
     start = ctx.end_keys[index - 1] if index else ctx.plan.start_key
@@ -85,26 +107,26 @@ def segment_record_keys(ctx: "RunContext", index: int) -> tuple[str, str]:
     return steps, metrics_key(ctx, steps)
 
 
-def metrics_key(ctx: "RunContext", record_key: str) -> str:
+def metrics_key(ctx: KeyContext, record_key: str) -> str:
     """Key of the metric rows stored beside `record_key` (a segment's steps, a DPO run, a round)."""
     m = declared_key("metrics", "metrics", ctx.cfg, {"of": record_key, "eval_reward": ctx.eval_reward()[2],
                                                      "eval_items": items_digest(ctx.eval_items_used())})
     return f"{record_key}-m{m[:12]}"
 
 
-def eval_key(ctx: "RunContext", ckpt_key: str) -> str:
+def eval_key(ctx: KeyContext, ckpt_key: str) -> str:
     """Key of the final evaluation artifact of a checkpoint."""
     return declared_key("eval", "eval", ctx.cfg, {
         "checkpoint": ckpt_key, "items": items_digest(ctx.eval_items_used()), "sampling": ctx.sampling.identity(),
         "reward": ctx.eval_reward()[2], "formatters": ctx.formatter_ids(), "transition": ctx.transition_id})
 
 
-def critic_refit_key(ctx: "RunContext", policy_key: str, ac_sample_keys: list[str]) -> str:
+def critic_refit_key(ctx: KeyContext, policy_key: str, ac_sample_keys: list[str]) -> str:
     """Key of the critics re-fitted on a run's stored actor-critic samples."""
     return declared_key("critic", "critic", ctx.cfg, {"checkpoint": policy_key, "samples": ac_sample_keys})
 
 
-def segment_end_keys(ctx: "RunContext") -> tuple[str, ...]:
+def segment_end_keys(ctx: KeyContext) -> tuple[str, ...]:
     """Checkpoint key (= policy version key) at the end of every segment of the plan, before anything runs."""
     out, pk = [], ctx.plan.start_key
     for seg in ctx.plan.segments:

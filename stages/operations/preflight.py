@@ -20,7 +20,7 @@ import struct
 from pathlib import Path
 
 from coopflow.schemas.config import RunConfig
-from coopflow.stages.loops import budget
+from coopflow.stages.planning import budget
 
 __all__ = ["PreflightError", "preflight", "check_user_code", "disk_estimate", "model_size"]
 
@@ -183,7 +183,7 @@ def _dtype_bytes(dtype: str, stored: int) -> int:
 
 def disk_estimate(cfg: RunConfig, train_items: list) -> "budget.DiskEstimate | None":
     """What the run will write into the store (see `budget.estimate_disk`); None when a model's size is unknown."""
-    from coopflow.stages.loops.plan import is_actor_critic, plan_segments, plan_updates, trains_in_segments
+    from coopflow.stages.planning.plan import is_actor_critic, plan_segments, plan_updates, trains_in_segments
 
     t, a = cfg.trainer, cfg.agents
     sizes = [model_size(s, cfg) for s in cfg.actor_sources()]

@@ -6,13 +6,13 @@
 - **segments**: runs of updates ending in a checkpoint (`checkpoint_every` updates, 0 = one per epoch).
 
 `RunPlan` holds them with the start key, the checkpoint key every segment ends at (see
-`stages.loops.keys`), the run's budget and its planning warnings; it is frozen.
+`stages.planning.keys`), the run's budget and its planning warnings; it is frozen.
 """
 
 from dataclasses import dataclass
 
 from coopflow.schemas.config import ALGORITHM_ADVANTAGE
-from coopflow.stages.loops import budget
+from coopflow.stages.planning import budget
 
 STAGE_VERSION = "2"  # 2: rollouts carry tree links (part of the rollouts and tiny-model keys)
 AC_ALGORITHMS = ("iac", "maac")

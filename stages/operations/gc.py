@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from coopflow.artifacts import ArtifactStore
 from coopflow.stages.agents.checkpoint import (CheckpointLayout, drop_optimizer_state, find_checkpoint, is_weights_only,
                                       policy_key_of, weights_only_key)
-from coopflow.stages.loops.keys import rm_round_key
+from coopflow.stages.planning.keys import rm_round_key
 
 ALWAYS_KEPT = ("taskset", "model", "dataset")
 """Inputs, not outputs of a run: built or installed once and read by every run of them."""
