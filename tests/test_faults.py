@@ -86,7 +86,8 @@ def _killed_leaving_nothing(proc, point: str, watch, what: str, log: Path | None
     ("madpo", "commit:pairs"),         # while writing the preference pairs
     ("madpo-iter", "commit:pairs@2"),  # while writing round 2's replay shard
 ])
-def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path, algorithm, point):
+def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path, algorithm, point, pinned_threads):
+    """(One torch thread here as in the killed child: the resumed and the clean run reduce floats in its order.)"""
     from coopflow._direct import _run
 
     data = _config(tmp_path / "killed", algorithm)
