@@ -1,4 +1,5 @@
-"""Reward functions used by tests through the `module:function` import path."""
+"""Helpers shared by tests: reward functions used through the `module:function` import path, learning checks,
+store helpers and the stage loops run directly (untracked) to fill a store."""
 
 import time
 
@@ -199,3 +200,32 @@ def remove_segment(store, key: str) -> list[tuple[str, str]]:
     assert {kind for kind, _ in records} == {"steps", "metrics"}, records
     assert store.remove("checkpoint", key) and all(store.remove(kind, k) for kind, k in records)
     return records
+
+
+def run_stages(cfg, store, show_progress: bool = False, session=None) -> dict:
+    """The algorithm's stage loops called directly in this process, untracked and unlocked (what the fault tests'
+    kill-and-rerun children and the disk tests run to fill a store); `session` may carry live agents."""
+    if cfg.algorithm in ("madpo-iter", "marlhf-iter"):
+        from coopflow.stages.agents.checkpoint import CheckpointLayout
+        from coopflow.stages.loops import rounds as I
+        from coopflow.stages.planning.context import make_context
+        from coopflow.stages.tasks.taskset import build_taskset
+
+        ctx = make_context(cfg, store, build_taskset(cfg.taskset, store), session=session)
+        try:
+            rounds = I.run_rounds(ctx, show_progress=show_progress)
+        finally:
+            ctx.session.close()
+        ckpt = store.open_dir(rounds[-1]["checkpoint"])
+        return {"algorithm": cfg.algorithm, "completed_rounds": len(rounds), "checkpoint": str(ckpt),
+                "eval": I.round_eval(store, rounds[-1]["metrics"]), "executed": ctx.session.executed(),
+                "env_steps": CheckpointLayout(ckpt).trainer_state().get("env_step", 0)}
+    if cfg.algorithm in ("madpo", "marlhf"):
+        from coopflow.stages.loops.preference import run_preference_direct
+
+        out = run_preference_direct(cfg, store, session)
+        out.pop("metrics", None)
+        return {"algorithm": cfg.algorithm, **out}
+    from coopflow.stages.loops.run import run_direct
+
+    return {"algorithm": cfg.algorithm, **run_direct(cfg, store, show_progress, session=session)}

@@ -428,7 +428,7 @@ def _lock_holder(store: ArtifactStore, seconds: float):
     import sys
 
     script = ("import sys, time; sys.path.insert(0, %r)\n"
-              "from artifacts import ArtifactStore\n"
+              "from coopflow.artifacts import ArtifactStore\n"
               "l = ArtifactStore(%r).lock('run-k'); l.__enter__(); print('held', flush=True); time.sleep(%r)"
               % (str(Path(__file__).resolve().parents[1]), str(store.root), seconds))
     return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)

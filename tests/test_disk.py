@@ -94,7 +94,7 @@ def test_a_full_disk_fails_in_one_line_keeps_the_store_and_the_rerun_continues(t
 def test_a_read_only_data_dir_is_refused_in_seconds_and_left_as_it_was(tmp_path, tmpfs):
     """A stored run's data dir made read-only (a read-only remount; `chmod` when not root): refused before any
     Prefect server or model starts, naming the directory; every stored artifact unchanged."""
-    from coopflow._direct import _run
+    from tests.helpers import run_stages as _run
 
     as_root = os.geteuid() == 0
     data = tmpfs(tmp_path / "data", "64m") if as_root else tmp_path / "data"

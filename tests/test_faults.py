@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD = """
 import json, sys
 from coopflow.artifacts import ArtifactStore
-from coopflow._direct import _run
+from tests.helpers import run_stages as _run
 from coopflow.schemas.config import validate_config
 cfg = validate_config(json.loads(sys.argv[1]))
 _run(cfg, ArtifactStore(cfg.resolved_data_dir() / "artifacts"), False)
@@ -88,7 +88,7 @@ def _killed_leaving_nothing(proc, point: str, watch, what: str, log: Path | None
 ])
 def test_kill_9_then_rerun_equals_an_uninterrupted_run(tmp_path, algorithm, point, pinned_threads):
     """(One torch thread here as in the killed child: the resumed and the clean run reduce floats in its order.)"""
-    from coopflow._direct import _run
+    from tests.helpers import run_stages as _run
 
     data = _config(tmp_path / "killed", algorithm)
     env = {**os.environ, "COOPFLOW_FAULT": point, "OMP_NUM_THREADS": "1",
@@ -174,7 +174,7 @@ def test_kill_9_of_coopflow_run_then_rerun_equals_an_uninterrupted_run(tmp_path,
     """SIGKILL of the whole CLI (its flow, MLflow run and workers in one process tree): no process of the tree
     survives, nothing partial is visible, the rerun finishes one MLflow run with the uninterrupted run's weights."""
     import mlflow
-    from coopflow._direct import _run
+    from tests.helpers import run_stages as _run
 
     data = _config(tmp_path / "killed", algorithm)
     log = tmp_path / "cli.log"

@@ -174,8 +174,8 @@ def test_thread_count_changes_no_key_and_no_weight_beyond_float_noise(tmp_path):
               "import tests.conftest\n"
               "from pathlib import Path\n"
               "from tests.conftest import small_config\n"
-              "from schemas.config import validate_config\n"
-              "from stages.loops.run import run_direct\n"
+              "from coopflow.schemas.config import validate_config\n"
+              "from coopflow.stages.loops.run import run_direct\n"
               "print(run_direct(validate_config(small_config(Path(sys.argv[1]))))['checkpoint'])") % str(REPO)
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     ckpts = []
