@@ -254,8 +254,8 @@ class StageClock:
         return timed
 
     def install(self) -> None:
-        """Wrap the stages where flows.train and stages.loops.run look them up."""
-        import coopflow.flows.train as FT
+        """Wrap the stages where the run driver (flows/driver.py) and stages.loops.run look them up."""
+        import coopflow.flows.driver as FT
         import coopflow.stages.planning.context as LC
         import coopflow.stages.loops.run as LR
 

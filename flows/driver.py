@@ -104,10 +104,30 @@ def round_step(ctx: C.RunContext, r: int, show_progress: bool = False) -> dict:
     return I.run_round(ctx, r, show_progress)
 
 
+def prepare_agents_step(cfg: RunConfig, store: ArtifactStore) -> tuple[list[str], dict]:
+    """Resolve the agent sources (building the tiny model or installing a catalog model when asked)."""
+    return C.resolve_sources(cfg, store)
+
+
+def evaluate_before_step(ctx: C.RunContext) -> tuple[ArtifactRef, dict]:
+    """The initial policies on the final evaluation's items and seed (the 'before' of before/after)."""
+    return R.evaluate_initial(ctx)
+
+
+def fit_critic_step(ctx: C.RunContext, ckpt: ArtifactRef, steps_refs: list[ArtifactRef]) -> tuple[ArtifactRef, dict]:
+    """Re-fit the trained critic(s) on the run's stored actor-critic samples (no generation)."""
+    return R.refit_critic(ctx, ckpt, steps_refs)
+
+
+def rescore_step(ctx: C.RunContext, steps_refs: list[ArtifactRef]) -> list[dict]:
+    """Re-score stored rollouts with the configured reward; per-update metric rows."""
+    return R.rescore(ctx, steps_refs)
+
+
 STEPS: dict[str, Callable] = {
-    "build-taskset": build_taskset_step, "prepare-agents": C.resolve_sources, "train-segment": train_segment_step,
-    "evaluate": evaluate_step, "evaluate-before": R.evaluate_initial, "fit-critic": R.refit_critic,
-    "rescore": R.rescore, "generate-candidates": candidates_step, "build-pairs": pairs_step, "dpo-update": dpo_step,
+    "build-taskset": build_taskset_step, "prepare-agents": prepare_agents_step, "train-segment": train_segment_step,
+    "evaluate": evaluate_step, "evaluate-before": evaluate_before_step, "fit-critic": fit_critic_step,
+    "rescore": rescore_step, "generate-candidates": candidates_step, "build-pairs": pairs_step, "dpo-update": dpo_step,
     "fit-reward-model": reward_model_step, "preference-round": round_step}
 """Every step of every pipeline by name (a Prefect runner's tasks carry the same names)."""
 
