@@ -494,8 +494,15 @@ def _print_summary(s: dict) -> None:
         print(f"{'seconds':>16}: " + ", ".join(f"{k} {v:.1f}" for k, v in s["seconds"].items()))
     if s.get("segments_cached"):
         cached = sum(bool(c) for c in s["segments_cached"])
-        print(f"{'from cache':>16}: {cached} of {len(s['segments_cached'])} segments (stored earlier; rerun with "
-              "--fresh to time them anew)" if cached else f"{'from cache':>16}: nothing (every stage ran)")
+        ran = s.get("executed") or {}
+        if cached:
+            said = (f"{cached} of {len(s['segments_cached'])} segments (stored earlier; rerun with --fresh to time "
+                    "them anew)")
+        elif ran.get("update") and not ran.get("generate"):  # e.g. other logging settings: the stored samples
+            said = "every update's samples (replayed from the stored rollouts: no generation, the updates ran again)"
+        else:
+            said = "nothing (every stage ran)"
+        print(f"{'from cache':>16}: {said}")
     if "budget" in s:
         b = s["budget"]
         print(f"{'budget':>16}: {b['updates']} updates, {b['generate_calls']} generate calls, {b['sequences']} "
