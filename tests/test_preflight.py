@@ -110,3 +110,47 @@ def test_cli_refuses_bad_configs_with_one_line(tmp_path, setup, args, match):
     assert r.returncode == 2, r.stderr[-2000:]
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr[-2000:]
     assert re.search(match, r.stderr), r.stderr
+
+
+@pytest.mark.parametrize("rows, match", [
+    ('{"prompt": "a story"}\n{"prompt": ""}\n',
+     r"train row 1: agent 0's prompt is empty \(the prompt column 'prompt'\)"),
+    ('{"prompt": "a story"}\n{"prompt": "  "}\n', r"train row 1: agent 0's prompt is empty"),
+    ('{"prompt": "a story"}\n{"prompt": null}\n', r"train row 1: taskset.prompt_column 'prompt' holds null, not text"),
+    ('{"prompt": "a story"}\n{"prompt": 7}\n', r"train row 1: taskset.prompt_column 'prompt' holds int 7, not text"),
+    ('{"prompt": "a story"}\n{"prompt": "x"\n', r"rows.jsonl:2: invalid JSON line"),
+])
+def test_taskset_rows_are_checked_before_a_run_starts(tmp_path, rows, match):
+    """Empty, blank, null or non-string prompts and unreadable lines: one line naming the taskset and row, exit 2,
+    before a Prefect server or a model starts (the run used to fail mid-evaluation, three tracebacks later)."""
+    import re
+
+    (tmp_path / "rows.jsonl").write_text(rows)
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "coopflow.flows.cli", "run", "train-magrpo", "--config",
+                        "configs/magrpo-story.yaml", "--set", f"taskset.name={tmp_path / 'rows.jsonl'}",
+                        "--set", "taskset.num_eval_items=1", "--set", f"data_dir={tmp_path / 'data'}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert len(r.stderr.strip().splitlines()) == 1 and re.search(match, r.stderr), r.stderr
+    assert "rows.jsonl" in r.stderr
+    assert time.perf_counter() - t0 < 60
+
+
+def test_a_formatter_that_leaves_an_agent_without_text_is_refused(tmp_path):
+    cfg = _cfg(tmp_path, formatters=[{"template": "{prompt}"}, {"template": "{topic}"}])
+    preflight(cfg)  # every story row has a topic
+    empty = tmp_path / "t.jsonl"
+    empty.write_text('{"prompt": "a story", "topic": "owls"}\n{"prompt": "another", "topic": ""}\n')
+    with pytest.raises(PreflightError, match=r"'.*t.jsonl' train row 1: agent 1's prompt is empty \(\{topic\}\)"):
+        preflight(_cfg(tmp_path, taskset={"name": str(empty)}, formatters=[{"template": "{prompt}"},
+                                                                             {"template": "{topic}"}]))
+
+
+def test_rows_missing_a_field_the_reward_reads_are_refused(tmp_path):
+    rows = tmp_path / "he.jsonl"
+    rows.write_text('{"prompt": "def f():", "test": "assert True", "entry_point": "f"}\n'
+                    '{"prompt": "def g():", "entry_point": "g"}\n')
+    with pytest.raises(PreflightError, match=r"he.jsonl' train row 1: no 'test' field, which reward "
+                                             r"'coopflow.envs.coding:humaneval_reward' reads"):
+        preflight(_cfg(tmp_path, taskset={"name": str(rows)}, reward={"name": "coopflow.envs.coding:humaneval_reward"}))

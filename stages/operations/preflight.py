@@ -3,8 +3,9 @@
 Run by `coopflow run` before a Prefect server starts or any model loads, so bad input fails in a second with
 one line naming the field or file: the data dir must be a writable directory; every piece of user code the
 config names (reward, processor, formatters, transition, evaluation hooks, metrics callback, centralized
-adapter) must import; the taskset must be readable (UTF-8 text), non-empty, with its prompt column. The taskset
-is built into the store on the way (the run then finds it cached).
+adapter) must import; the taskset must be readable (UTF-8 text), non-empty, with its prompt column, and every row
+it uses must give each agent a non-empty prompt and carry the fields the reward reads (`check_rows`, naming the
+split, row and field). The taskset is built into the store on the way (the run then finds it cached).
 
 It also estimates the disk the run writes (`disk_estimate`: checkpoints from the models' parameter counts, read
 from their safetensors headers or the tiny model's shape without loading anything, and the generated rollouts)
@@ -104,10 +105,49 @@ def preflight(cfg: RunConfig) -> "budget.DiskEstimate | None":
     except (FileNotFoundError, ValueError, KeyError) as err:
         msg = err.args[0] if isinstance(err, KeyError) and err.args else err
         raise PreflightError(f"taskset: {msg}" if not str(msg).startswith("taskset") else str(msg)) from None
-    est = disk_estimate(cfg, load_items(store, ref, "train"))
+    train = load_items(store, ref, "train")
+    check_rows(cfg, {"train": train, "eval": load_items(store, ref, "eval")})
+    est = disk_estimate(cfg, train)
     if est is not None and cfg.check_disk:
         check_disk(est, d)
     return est
+
+
+# --- taskset rows ----------------------------------------------------------------------------------
+
+
+def check_rows(cfg: RunConfig, splits: dict[str, list[dict]]) -> None:
+    """Every row the run will use, checked without a model: each role's prompt text (the formatter without the
+    chat template) is a non-empty string, and the row has every field the reward reads (`required_fields` of
+    the reward function, e.g. HumanEval's test and entry_point). PreflightError names the taskset, split, row
+    and field."""
+    from coopflow.stages.score.rewards import resolve_reward
+    from coopflow.stages.tasks.formatters import role_formatter
+
+    fn = resolve_reward(cfg.reward.name, cfg.reward.kwargs)
+    needs = tuple(getattr(fn, "required_fields", None) or getattr(getattr(fn, "func", None), "required_fields", ()))
+    roles = [(i, cfg.formatter_for(i)) for i in range(cfg.agents.n)]
+    formats = [(i, role_formatter(f), f.function or f.template) for i, f in roles]
+    for split, items in splits.items():
+        for item in items:
+            where = f"taskset {cfg.taskset.name!r} {split} row {item['_item_id']}"
+            missing = [f for f in needs if item.get(f) is None]
+            if missing:
+                raise PreflightError(f"{where}: no {', '.join(map(repr, missing))} field, which reward "
+                                     f"{cfg.reward.name!r} reads (fields: {sorted(k for k in item if k[0] != '_')})")
+            for agent, fmt, how in formats:
+                try:
+                    text = fmt(item)
+                except (KeyError, ValueError, TypeError, IndexError) as err:
+                    raise PreflightError(f"{where}: agent {agent}'s prompt ({how or 'the prompt column'}) failed: "
+                                         f"{err.__class__.__name__}: {err}") from None
+                if not isinstance(text, str):
+                    raise PreflightError(f"{where}: agent {agent}'s prompt ({how or 'the prompt column'}) is a "
+                                         f"{type(text).__name__}, not text")
+                if not text.strip():
+                    source = how or f"the prompt column {cfg.taskset.prompt_column!r}"
+                    raise PreflightError(f"{where}: agent {agent}'s prompt is empty ({source}): every agent needs "
+                                         "text to answer")
 
 
 # --- disk ------------------------------------------------------------------------------------------

@@ -152,7 +152,11 @@ def _prompt(row: dict, cfg: TasksetConfig, where: str) -> str:
     if cfg.prompt_column not in row:
         raise ValueError(f"taskset.prompt_column {cfg.prompt_column!r} not found in {where} "
                          f"(columns: {sorted(row)})")
-    return str(row[cfg.prompt_column])
+    value = row[cfg.prompt_column]
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: taskset.prompt_column {cfg.prompt_column!r} holds "
+                         f"{'null' if value is None else type(value).__name__ + ' ' + repr(value)[:40]}, not text")
+    return value
 
 
 def _unique_ids(rows: list[dict], where: str) -> None:
@@ -262,7 +266,7 @@ def build_taskset(cfg: TasksetConfig, store: ArtifactStore) -> ArtifactRef:
             raise ValueError(f"taskset {cfg.name!r} split {name!r} has no items")
         _unique_ids(items, f"taskset {cfg.name!r} split {name!r}")
         for i, row in enumerate(items):
-            prompt = _prompt(row, cfg, f"{cfg.name} row {i}")
+            prompt = _prompt(row, cfg, f"taskset {cfg.name!r} {split} row {i}")
             fields = json.dumps(row, default=str, sort_keys=True)
             rows.append({"item_id": i, "split": split, "prompt": prompt, "fields": fields})
     return store.put_table("taskset", key, rows, meta={"source": cfg.name})

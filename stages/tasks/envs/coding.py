@@ -316,6 +316,7 @@ def humaneval_reward(*completions: list[str], batch_items: list[dict], timeout_s
 
 
 humaneval_reward.reward_range = (0.0, 1.0)  # type: ignore[attr-defined]
+humaneval_reward.required_fields = ('prompt', 'test', 'entry_point')  # type: ignore[attr-defined]
 
 
 # --- multi-turn: level feedback --------------------------------------------------------------------

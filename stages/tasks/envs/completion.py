@@ -203,6 +203,7 @@ def completion_reward(*completions: list[str], batch_items: list[dict], timeout_
 
 
 completion_reward.reward_range = (0.0, 1.0)  # type: ignore[attr-defined]
+completion_reward.required_fields = ('parts', 'skeleton', 'test')  # type: ignore[attr-defined]
 
 
 # --- evaluation hooks ---------------------------------------------------------------------------------

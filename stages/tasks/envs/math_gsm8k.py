@@ -152,6 +152,7 @@ def gsm8k_reward(*completions: list[str], batch_items: list[dict]) -> list[float
 
 
 gsm8k_reward.reward_range = (0.0, 1.0)  # type: ignore[attr-defined]
+gsm8k_reward.required_fields = ('gold',)  # type: ignore[attr-defined]
 
 
 # --- evaluation hooks ---------------------------------------------------------------------------------

@@ -255,6 +255,7 @@ def bfcl_reward(*completions: list[str], batch_items: list[dict]) -> list[float]
 
 
 bfcl_reward.reward_range = (0.0, 1.0)  # type: ignore[attr-defined]
+bfcl_reward.required_fields = ('functions', 'ground_truth')  # type: ignore[attr-defined]
 
 
 # --- evaluation hooks ---------------------------------------------------------------------------------

@@ -201,6 +201,7 @@ def travel_reward(*completions: list[str], batch_items: list[dict]) -> list[floa
 
 
 travel_reward.reward_range = (0.0, 1.0)  # type: ignore[attr-defined]
+travel_reward.required_fields = ('initial_config', 'functions', 'ground_truth', 'turns')  # type: ignore[attr-defined]
 
 
 # --- evaluation hooks ---------------------------------------------------------------------------------
