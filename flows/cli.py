@@ -69,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--config", help="default config_path parameter of the deployments")
     s.add_argument("--port", type=int, default=4200)
     s.add_argument("--no-ui", action="store_true", help="start the local Prefect server without its web UI")
+    s.add_argument("--keep-server", action="store_true",
+                   help="leave the Prefect server this command starts running after it ends (the next `coopflow "
+                        "serve` of this data dir reuses it); by default it stops with the command")
     d = sub.add_parser("deploy", help="register the flows as deployments '<flow>/<name>' on a Prefect work pool "
                                       "(needs PREFECT_API_URL; workers: prefect worker start --pool POOL)")
     d.add_argument("--pool", required=True, help="work pool (created as a 'process' pool when missing)")
@@ -441,9 +444,9 @@ def _run(args) -> int:
     from coopflow.flows.env import configure
 
     configure(cfg.data_dir)
-    if not os.environ.get("PREFECT_API_URL") and healthy("http://127.0.0.1:4200/api"):
-        # A local server is up (e.g. from `coopflow serve`): use it instead of starting an ephemeral one.
-        os.environ["PREFECT_API_URL"] = "http://127.0.0.1:4200/api"
+    own = None if os.environ.get("PREFECT_API_URL") else _recorded_server(Path(os.environ["PREFECT_HOME"]))
+    if own:  # this data dir's server is up (`coopflow serve`): use it instead of starting an ephemeral one (a server
+        os.environ["PREFECT_API_URL"] = own  # of another data dir, or anything else on its port, is not used)
     server_ready = _boot_ephemeral_server()
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
@@ -521,28 +524,99 @@ def _print_summary(s: dict) -> None:
 # --- serve ---------------------------------------------------------------------------------------
 
 
-def ensure_server(port: int = 4200, timeout: float = 180, ui: bool = True) -> str:
-    """PREFECT_API_URL if set, else a local `prefect server start` (started if not already up; with its web UI
-    at http://127.0.0.1:<port> unless `ui` is False)."""
+SERVER_RECORD = "server.json"
+"""Under the data dir's PREFECT_HOME: the Prefect server `coopflow serve` started for this data dir (url, pid)."""
+
+
+def _recorded_server(home: Path) -> str | None:
+    """The URL of the server this data dir's record names, when its process is alive and it answers; else None
+    (a stale record is removed)."""
+    f = home / SERVER_RECORD
+    try:
+        rec = json.loads(f.read_text())
+        os.kill(int(rec["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        f.unlink(missing_ok=True)
+        return None
+    return rec["url"] if healthy(rec["url"]) else None
+
+
+def _port_taken(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_server(port: int = 4200, timeout: float = 180, ui: bool = True,
+                  keep: bool = False) -> tuple[str, subprocess.Popen | None]:
+    """(API URL, the server process started here or None): PREFECT_API_URL if set; else the server this data dir
+    already runs (its record under PREFECT_HOME); else a new local `prefect server start` on `port` (a free port
+    when another data dir's server or anything else holds it: never someone else's server and its database),
+    with its web UI unless `ui` is False. A started server stops when this process ends, however it ends (a
+    watchdog catches kill -9), unless `keep`."""
     url = os.environ.get("PREFECT_API_URL")
     if url:
-        return url
+        return url, None
+    home = Path(os.environ["PREFECT_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    url = _recorded_server(home)
+    if url:
+        print(f"using this data dir's Prefect server at {url} (started earlier with --keep-server)", file=sys.stderr)
+        os.environ["PREFECT_API_URL"] = url
+        return url, None
+    if _port_taken(port):
+        other = _free_port()
+        print(f"127.0.0.1:{port} is in use by a server that is not this data dir's ({home}): starting this data "
+              f"dir's own on port {other}", file=sys.stderr)
+        port = other
     url = f"http://127.0.0.1:{port}/api"
-    if not healthy(url):
-        home = Path(os.environ["PREFECT_HOME"])
-        home.mkdir(parents=True, exist_ok=True)
-        log = open(home / "server.log", "ab")
-        print(f"starting a local Prefect server on 127.0.0.1:{port} (log: {home / 'server.log'})", file=sys.stderr)
-        subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                          "--port", str(port), *([] if ui else ["--no-ui"])], stdout=log, stderr=log,
-                         start_new_session=True, env={**os.environ, "PREFECT_SERVER_UI_ENABLED": str(ui).lower()})
-        t0 = time.time()
-        while not healthy(url):
-            if time.time() - t0 > timeout:
-                raise RuntimeError(f"Prefect server did not become healthy in {timeout:.0f} s; see {home / 'server.log'}")
-            time.sleep(1)
+    log = open(home / "server.log", "ab")
+    print(f"starting a local Prefect server on 127.0.0.1:{port} (log: {home / 'server.log'})", file=sys.stderr)
+    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                             "--port", str(port), *([] if ui else ["--no-ui"])], stdout=log, stderr=log,
+                            start_new_session=True, env={**os.environ, "PREFECT_SERVER_UI_ENABLED": str(ui).lower()})
+    if not keep:
+        from coopflow.flows.reaper import reap_with_parent
+
+        reap_with_parent(proc.pid, group=True)
+    (home / SERVER_RECORD).write_text(json.dumps({"url": url, "pid": proc.pid, "data_dir": str(home.parent)}))
+    t0 = time.time()
+    while not healthy(url):
+        if proc.poll() is not None or time.time() - t0 > timeout:
+            stop_server(proc, home)
+            raise RuntimeError(f"Prefect server did not become healthy in {time.time() - t0:.0f} s; see "
+                               f"{home / 'server.log'}")
+        time.sleep(1)
     os.environ["PREFECT_API_URL"] = url
-    return url
+    return url, proc
+
+
+def stop_server(proc: subprocess.Popen, home: Path) -> None:
+    """Stop a server `ensure_server` started (its whole process group) and remove its record."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    (home / SERVER_RECORD).unlink(missing_ok=True)
 
 
 def _serve(args) -> int:
@@ -551,16 +625,31 @@ def _serve(args) -> int:
     configure()
     # served runs share this machine: each derives its torch threads from the CPUs // the runs at once
     os.environ.setdefault("COOPFLOW_CONCURRENT_RUNS", os.environ.get("PREFECT_RUNNER_PROCESS_LIMIT", "5"))
-    url = ensure_server(args.port, ui=not args.no_ui)
-    from coopflow.flows.serve import serve_all
+    import signal
 
-    if not args.no_ui:
-        print(f"Prefect UI: {url.removesuffix('/api')} (flow runs, deployments, logs)", file=sys.stderr)
-    print(f"serving deployments on {url}; in another shell:\n"
-          f"  export PREFECT_API_URL={url}\n"
-          f"  prefect deployment run 'train-magrpo/{args.name}' --params '{{\"config_path\": \"...\"}}' --watch",
-          file=sys.stderr)
-    serve_all(args.name, cron=args.cron, interval=args.interval, config_path=args.config)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM ends `serve` as Ctrl-C does: cleanly
+    url, server = ensure_server(args.port, ui=not args.no_ui, keep=args.keep_server)
+    try:
+        from coopflow.flows.serve import serve_all
+
+        if not args.no_ui:
+            print(f"Prefect UI: {url.removesuffix('/api')} (flow runs, deployments, logs)", file=sys.stderr)
+        print(f"serving deployments on {url}; in another shell:\n"
+              f"  export PREFECT_API_URL={url}\n"
+              f"  prefect deployment run 'train-magrpo/{args.name}' --params '{{\"config_path\": \"...\"}}' --watch",
+              file=sys.stderr)
+        serve_all(args.name, cron=args.cron, interval=args.interval, config_path=args.config)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM
+        print("coopflow serve: stopped" + ("; stopping the Prefect server it started" if server is not None
+                                            and not args.keep_server else ""), file=sys.stderr)
+        return 130
+    finally:
+        if server is not None and not args.keep_server:
+            stop_server(server, Path(os.environ["PREFECT_HOME"]))
+        elif server is not None:
+            print(f"the Prefect server keeps running (--keep-server): {url.removesuffix('/api')}, pid {server.pid}; "
+                  f"`coopflow serve` reuses it for this data dir; stop it with: kill -TERM -{server.pid}",
+                  file=sys.stderr)
     return 0
 
 

@@ -90,3 +90,120 @@ def test_coopflow_serve_starts_the_prefect_ui(tmp_path):
                     os.kill(int(proc.name), signal.SIGTERM)
             except OSError:
                 pass
+
+
+def _serve(home, port: int, log, *extra):
+    """`coopflow serve --no-ui` for data dir `home` (its own process group, as a shell job)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME", "MLFLOW_TRACKING_URI",
+                                                            "PREFECT_SERVER_UI_ENABLED")}
+    env.update(COOPFLOW_HOME=str(home))
+    return subprocess.Popen([sys.executable, "-m", "coopflow.flows.cli", "serve", "--no-ui", "--port", str(port),
+                             *extra], env=env, stdout=log, stderr=log, cwd=Path(__file__).resolve().parents[1],
+                            start_new_session=True)
+
+
+def _wait_for_record(home, proc, log_path, timeout: float = 240) -> dict:
+    """The server record `serve` writes under the data dir, once that server answers."""
+    import json
+    import time
+
+    rec_file = home / "prefect" / "server.json"
+    t0 = time.time()
+    while True:
+        assert time.time() - t0 < timeout and proc.poll() is None, log_path.read_text()[-3000:]
+        if rec_file.is_file():
+            rec = json.loads(rec_file.read_text())
+            if _get(rec["url"] + "/health")[0] == 200 and "serving deployments" in log_path.read_text():
+                return rec
+        time.sleep(0.5)
+
+
+def _gone(pid: int, timeout: float = 30) -> bool:
+    import os
+    import time
+
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # a zombie of ours counts as gone
+            if open(f"/proc/{pid}/stat").read().split()[2] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.3)
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
+def test_the_server_serve_starts_stops_with_it(tmp_path, sig):
+    """Ctrl-C (SIGINT), SIGTERM or kill -9 of `coopflow serve`: the Prefect server it started stops too (it used to
+    keep running on 127.0.0.1:4200 with its SQLite DB, unsaid)."""
+    import signal
+
+    port = _free_port()
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log:
+        p = _serve(tmp_path / "home", port, log)
+        try:
+            rec = _wait_for_record(tmp_path / "home", p, log_path)
+            p.send_signal(getattr(signal, sig))
+            p.wait(timeout=60)
+            assert _gone(rec["pid"]), f"the server (pid {rec['pid']}) outlived `coopflow serve` ({sig})"
+            assert _get(f"http://127.0.0.1:{port}/api/health")[0] == 0
+            if sig != "SIGKILL":
+                assert p.returncode == 130 and not (tmp_path / "home" / "prefect" / "server.json").exists()
+                assert "coopflow serve: stopped" in log_path.read_text()
+        finally:
+            if p.poll() is None:
+                p.kill()
+
+
+@pytest.mark.slow
+def test_two_data_dirs_never_share_a_prefect_server(tmp_path):
+    """A `coopflow serve` of data dir B finds data dir A's server on its port: it says so and starts B's own on a
+    free port (it used to attach to A's, recording B's deployments and runs in A's Prefect DB); --keep-server
+    leaves A's up and the next `coopflow serve` of A reuses it."""
+    import os
+    import signal
+
+    port = _free_port()
+    logs = [tmp_path / "a.log", tmp_path / "b.log", tmp_path / "a2.log"]
+    files = [open(p, "w") for p in logs]
+    procs = []
+    try:
+        a = _serve(tmp_path / "a", port, files[0], "--keep-server")
+        procs.append(a)
+        rec_a = _wait_for_record(tmp_path / "a", a, logs[0])
+        b = _serve(tmp_path / "b", port, files[1])
+        procs.append(b)
+        rec_b = _wait_for_record(tmp_path / "b", b, logs[1])
+        assert rec_b["url"] != rec_a["url"] and rec_b["pid"] != rec_a["pid"]
+        assert f"127.0.0.1:{port} is in use by a server that is not this data dir's" in logs[1].read_text()
+        for p in (a, b):
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=60)
+        assert _gone(rec_b["pid"]) and not _gone(rec_a["pid"], timeout=3)  # A's was kept, as asked
+        assert "--keep-server" in logs[0].read_text() and f"kill -TERM -{rec_a['pid']}" in logs[0].read_text()
+        a2 = _serve(tmp_path / "a", port, files[2])
+        procs.append(a2)
+        assert _wait_for_record(tmp_path / "a", a2, logs[2])["pid"] == rec_a["pid"]  # A's own server, reused
+        assert "using this data dir's Prefect server" in logs[2].read_text()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        try:
+            os.killpg(rec_a["pid"], signal.SIGTERM)
+        except (NameError, ProcessLookupError):
+            pass
+        for f in files:
+            f.close()
