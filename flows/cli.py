@@ -457,6 +457,8 @@ def _run(args) -> int:
 
     config_path = str(Path(args.config).resolve()) if args.config else None
     t0 = time.time()
+    if os.environ.get("PREFECT_API_URL"):  # a server this command does not own: it may go away under the run
+        watch_server(os.environ["PREFECT_API_URL"], cfg.resolved_data_dir(), t0)
     try:
         # No heartbeat thread: it adds ~1.1 s to every flow run and only serves crash detection
         # of runs executed by workers, which a foreground CLI run does not need.
@@ -480,6 +482,47 @@ def _run(args) -> int:
         Path(args.summary_json).write_text(json.dumps(summary, indent=1, default=str))
     _print_summary(summary)
     return 0
+
+
+SERVER_GRACE_S = float(os.environ.get("COOPFLOW_SERVER_GRACE_S", "20"))
+"""How long the Prefect API may stay unreachable before a run stops (restarts and brief outages ride through)."""
+
+
+def watch_server(url: str, data_dir: Path, t0: float) -> None:
+    """Watch the Prefect API a run reports to: when it stops answering for SERVER_GRACE_S, end this process with
+    one line naming the server, what the run stored so far and the command that continues (exit 3). The store is
+    safe to leave at any point (every artifact commits atomically; the run-key lock and worker processes go with
+    this process; the MLflow run is continued by the rerun)."""
+    import shlex
+    import threading
+
+    def stored_since() -> str:
+        counts: dict[str, int] = {}
+        for ref in (data_dir / "artifacts").glob("*/*/ref.json"):
+            try:
+                if ref.stat().st_mtime >= t0:
+                    counts[ref.parent.parent.name] = counts.get(ref.parent.parent.name, 0) + 1
+            except OSError:
+                continue
+        return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "nothing yet"
+
+    def watch() -> None:
+        down = None
+        while True:
+            time.sleep(2)
+            if healthy(url):
+                down = None
+                continue
+            down = down or time.time()
+            if time.time() - down >= SERVER_GRACE_S:
+                command = "coopflow " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+                print(f"\ncoopflow: the Prefect server at {url} stopped answering {time.time() - down:.0f} s ago; "
+                      f"the run stops here. Stored by this run under {data_dir}: {stored_since()}. With a live server "
+                      f"(`coopflow serve`, or unset PREFECT_API_URL for a temporary one) rerun `{command}`: it "
+                      "continues from what is stored", file=sys.stderr, flush=True)
+                os._exit(3)
+
+    threading.Thread(target=watch, name="coopflow-server-watch", daemon=True).start()
 
 
 def _fmt(v) -> str:

@@ -229,3 +229,9 @@ def run_stages(cfg, store, show_progress: bool = False, session=None) -> dict:
     from coopflow.stages.loops.run import run_direct
 
     return {"algorithm": cfg.algorithm, **run_direct(cfg, store, show_progress, session=session)}
+
+
+def paced_length_ratio(c1, c2):
+    """length_ratio after 1 s (a run long enough to be interrupted from outside)."""
+    time.sleep(1.0)
+    return length_ratio(c1, c2)

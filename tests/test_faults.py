@@ -194,3 +194,74 @@ def test_kill_9_of_coopflow_run_then_rerun_equals_an_uninterrupted_run(tmp_path,
          .search_experiments()])
     assert [r.info.status for r in runs if r.info.status != "KILLED"].count("FINISHED") >= 1
     assert not [r for r in runs if r.info.status == "RUNNING"], "an MLflow run was left RUNNING"
+
+
+@pytest.mark.slow
+def test_a_prefect_server_that_goes_away_ends_the_run_in_one_line_and_the_rerun_continues(tmp_path, pinned_threads):
+    """PREFECT_API_URL's server killed under a `coopflow run`: the run ends within the grace time plus a poll with
+    one line naming the server, what it stored and the command that continues (it used to print ~80 s of
+    connection errors, then a traceback); rerun against a live server, it reaches the uninterrupted run's weights."""
+    import shlex
+    import socket
+
+    import yaml
+
+    from tests.helpers import run_stages as _run
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/api"
+    data = _config(tmp_path / "run", "magrpo")
+    data["trainer"] = {**data["trainer"], "num_train_epochs": 3}
+    data["reward"] = {"name": "tests.helpers:paced_length_ratio"}
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(yaml.safe_dump(data))
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL=url, COOPFLOW_SERVER_GRACE_S="5",
+               OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+
+    def server():
+        p = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                              str(port), "--no-ui"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+        from coopflow.flows.reaper import healthy
+
+        t0 = time.time()
+        while not healthy(url):
+            assert time.time() - t0 < 240 and p.poll() is None, "the test's Prefect server did not start"
+            time.sleep(1)
+        return p
+
+    command = [sys.executable, "-m", "coopflow.flows.cli", "run", "train-magrpo", "--config", str(cfg_file),
+               "--no-progress"]
+    srv = server()
+    try:
+        run = subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ckpts = tmp_path / "run" / "artifacts" / "checkpoint"
+        t0 = time.time()
+        while not (ckpts.is_dir() and any(ckpts.iterdir())):  # a first segment stored, more to train
+            assert time.time() - t0 < 300 and run.poll() is None, run.stderr.read()[-3000:] if run.poll() else ""
+            time.sleep(0.2)
+        os.killpg(srv.pid, signal.SIGKILL)
+        killed = time.time()
+        _, err = run.communicate(timeout=240)
+        assert run.returncode == 3, err[-3000:]
+        assert time.time() - killed < 60  # 5 s of grace, a 2 s poll, and Prefect's own retries do not matter
+        last = err.strip().splitlines()[-1]
+        assert f"the Prefect server at {url} stopped answering" in last and "checkpoint" in last, last
+        assert f"rerun `coopflow run train-magrpo --config {shlex.quote(str(cfg_file))}" in last, last
+        srv = server()
+        again = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert again.returncode == 0, again.stderr[-3000:]
+        resumed = next(ln.split(":", 1)[1].strip() for ln in again.stdout.splitlines()
+                       if ln.strip().startswith("checkpoint:"))
+    finally:
+        try:
+            os.killpg(srv.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    clean = _run(validate_config({**data, "data_dir": str(tmp_path / "clean")}),
+                 ArtifactStore(tmp_path / "clean" / "artifacts"), False)
+    assert Path(resumed).name == Path(clean["checkpoint"]).name
+    assert _weights(Path(resumed)) == _weights(Path(clean["checkpoint"]))
