@@ -161,6 +161,18 @@ def _unprivileged_python() -> list[str] | None:
                if c and _world_executable(Path(c))), None)
     if not shutil.which("setpriv") or py is None:
         return None
+    import site
+    import stat
+
+    def open_to_all(d: Path) -> bool:  # the unprivileged user must read coopflow and its packages from here
+        try:
+            return bool(d.stat().st_mode & stat.S_IROTH) and all(q.stat().st_mode & stat.S_IXOTH
+                                                                   for q in [d, *d.parents])
+        except OSError:
+            return False
+
+    if not (open_to_all(Path(site.getsitepackages()[0])) and open_to_all(Path(__file__).resolve().parents[1])):
+        return None
     import subprocess
 
     same = subprocess.run([py, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
