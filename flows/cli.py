@@ -268,7 +268,7 @@ def config_reference() -> str:
 
     from coopflow.schemas.config import (AgentsConfig, CriticConfig, FormatterConfig, IACConfig, MAACConfig, MADPOConfig,
                                 MADPOIterConfig, MAGRPOConfig, MARLHFConfig, MARLHFIterConfig, RayConfig, RewardConfig, RunConfig, TasksetConfig,
-                                TrackingConfig, TransitionConfig)
+                                SandboxConfig, TrackingConfig, TransitionConfig)
 
     def show(v) -> str:
         return "`" + json.dumps(v) + "`"
@@ -290,7 +290,7 @@ def config_reference() -> str:
     out = ["All flows:", ""] + table(
         [(RunConfig, ""), (AgentsConfig, "agents."), (TasksetConfig, "taskset."), (RewardConfig, "reward."),
          (FormatterConfig, "formatters[i]."), (TransitionConfig, "transition."), (TrackingConfig, "tracking."),
-         (RayConfig, "ray.")])
+         (RayConfig, "ray."), (SandboxConfig, "sandbox.")])
     out += ["", "MAGRPO family (`train-magrpo`, `-mareinforce`, `-marloo`, `-maremax`): the `trainer` section is the "
                 "reference's `MAGRPOConfig`:", ""] + table([(MAGRPOConfig, "trainer.")])
     out += ["", "Actor-critic (`train-iac`, `train-maac`): a `critic` section and the reference's `IACConfig` / "

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from coopflow.schemas.config import (AgentsConfig, CriticConfig, FormatterConfig, IACConfig, IACRunConfig, MAACConfig,
-                            MADPOIterConfig, MAGRPOConfig, MARLHFConfig, RayConfig, RewardConfig, RunConfig, TasksetConfig, TrackingConfig, TransitionConfig)
+                            MADPOIterConfig, MAGRPOConfig, MARLHFConfig, RayConfig, RewardConfig, RunConfig, TasksetConfig, TrackingConfig, TransitionConfig, SandboxConfig)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,8 @@ def test_readme_documents_every_config_field():
     sections = [("", RunConfig), ("", IACRunConfig), ("agents.", AgentsConfig), ("taskset.", TasksetConfig),
                 ("reward.", RewardConfig), ("formatters[i].", FormatterConfig), ("trainer.", MAGRPOConfig),
                 ("trainer.", IACConfig), ("trainer.", MAACConfig), ("transition.", TransitionConfig),
-                ("critic.", CriticConfig), ("tracking.", TrackingConfig), ("ray.", RayConfig), ("trainer.", MARLHFConfig),
+                ("critic.", CriticConfig), ("tracking.", TrackingConfig), ("ray.", RayConfig), ("sandbox.", SandboxConfig),
+                ("trainer.", MARLHFConfig),
                 ("trainer.", MADPOIterConfig)]
     missing = [p + f for p, m in sections for f in m.model_fields if f"`{p}{f}`" not in readme]
     assert not missing, f"README config reference lacks {missing}"

@@ -154,3 +154,14 @@ def test_rows_missing_a_field_the_reward_reads_are_refused(tmp_path):
     with pytest.raises(PreflightError, match=r"he.jsonl' train row 1: no 'test' field, which reward "
                                              r"'coopflow.envs.coding:humaneval_reward' reads"):
         preflight(_cfg(tmp_path, taskset={"name": str(rows)}, reward={"name": "coopflow.envs.coding:humaneval_reward"}))
+
+
+def test_require_isolation_refuses_a_machine_with_only_the_python_guard(tmp_path, monkeypatch):
+    import coopflow.stages.common.sandbox as S
+
+    monkeypatch.setattr(S.Isolation, "detect", staticmethod(lambda: S.Isolation(sys.executable, False)))
+    with pytest.raises(PreflightError, match=r"sandbox.require_isolation: this machine allows no OS-level isolation"):
+        preflight(_cfg(tmp_path, sandbox={"require_isolation": True}))
+    preflight(_cfg(tmp_path))  # not required: the run goes ahead (the sandbox warns once when it runs programs)
+    monkeypatch.setattr(S.Isolation, "detect", staticmethod(lambda: S.Isolation(sys.executable, False, True)))
+    preflight(_cfg(tmp_path, sandbox={"require_isolation": True}))

@@ -37,7 +37,7 @@ from coopflow.schemas.config.preference import (COMPARATOR_ALIASES, PAIR_SELECTI
                                                 check_replay)
 from coopflow.schemas.config.run import (RUN_CONFIGS, CriticConfig, IACRunConfig, MAACRunConfig, MADPOIterRunConfig,
                                          MADPORunConfig, MARLHFIterRunConfig, MARLHFRunConfig, RayConfig, RunConfig,
-                                         TrackingConfig, rl_trainer_fields)
+                                         SandboxConfig, TrackingConfig, rl_trainer_fields)
 from coopflow.schemas.config.tasks import FormatterConfig, RewardConfig, TasksetConfig, TransitionConfig
 from coopflow.schemas.config.trainer import (ActorCriticConfig, CentralizedMAGRPOConfig, IACConfig, MAACConfig,
                                              MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig,
@@ -50,7 +50,7 @@ __all__ = [
     "IACConfig", "IACRunConfig", "LoraSettings", "MAACConfig", "MAACRunConfig", "MADPOConfig", "MADPOIterConfig",
     "MADPOIterRunConfig", "MADPORunConfig", "MAGRPOConfig", "MAREINFORCEConfig", "MARLHFConfig", "MARLHFIterConfig",
     "MARLHFIterRunConfig", "MARLHFRunConfig", "MARLOOConfig", "MAReMaxConfig", "RayConfig", "RewardConfig",
-    "RunConfig", "TasksetConfig", "TrackingConfig", "TransitionConfig",
+    "RunConfig", "SandboxConfig", "TasksetConfig", "TrackingConfig", "TransitionConfig",
     "apply_overrides", "check_replay", "data_dir_path", "field_limits", "format_validation_error",
     "is_local_model_path", "load_config", "missing_model_dir_message", "parallel_mode", "per_agent_values",
     "read_config_file",

@@ -76,6 +76,15 @@ class TrackingConfig(_Strict):
     sample_rollouts: int = Field(16, ge=0, description="Rollout rows saved as a run artifact (JSON) per run.")
 
 
+class SandboxConfig(_Strict):
+    """How model-written programs (the coding environments' rewards) are fenced."""
+
+    require_isolation: bool = Field(False, description="Refuse to run (pre-flight) on a machine that allows no "
+                                                       "OS-level isolation of model-written programs (neither root's "
+                                                       "own-uid fences nor unprivileged namespaces + Landlock), "
+                                                       "instead of running them behind the Python-level guard only.")
+
+
 class RunConfig(_Strict):
     """A full coopflow run of the MAGRPO family."""
 
@@ -120,6 +129,8 @@ class RunConfig(_Strict):
                                                "the free disk under the data dir (pre-flight; the estimate is "
                                                "printed either way); false = print only.")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking.")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="How model-written programs are "
+                                                                              "fenced (coding environments).")
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray cluster and per-agent resources (used by "
                                                                   "parallel_training: ray and reward.executor: ray).")
     eval_logger: str | None = Field(

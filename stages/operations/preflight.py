@@ -99,6 +99,13 @@ def preflight(cfg: RunConfig) -> "budget.DiskEstimate | None":
 
     d = _data_dir(cfg)
     check_user_code(cfg)
+    if cfg.sandbox.require_isolation:
+        from coopflow.stages.common.sandbox import Isolation
+
+        if Isolation.detect().level == "process":
+            raise PreflightError("sandbox.require_isolation: this machine allows no OS-level isolation of "
+                                 "model-written programs (not root, and `unshare` with unprivileged user namespaces "
+                                 "or Landlock is unavailable); run as root, enable them, or set it to false")
     store = ArtifactStore.at(d, cfg)
     try:
         ref = build_taskset(cfg.taskset, store)

@@ -136,6 +136,7 @@ NO_EFFECT: dict[str, str] = {
     "reward.reward_range": "only warns when later turns are unreachable and checks processed values' range",
     "max_sequences": _LIMIT,
     "check_disk": _LIMIT,
+    "sandbox.require_isolation": _LIMIT,
     "tracking.enabled": _TRACKING,
     "tracking.experiment": _TRACKING,
     "tracking.run_name": _TRACKING,
