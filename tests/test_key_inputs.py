@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from coopflow.artifacts import ArtifactStore
 from coopflow.schemas import config as C
 from coopflow.schemas.config import validate_config
-from coopflow.stages.planning.inputs import INPUTS, NO_EFFECT, NOT_READ, covers, declared_values
+from coopflow.stages.planning.inputs import INPUTS, NO_EFFECT, NOT_READ, covers, declared_values, kinds_of
 from tests.conftest import small_config
 
 RUN_CONFIGS = [C.RunConfig, *C.RUN_CONFIGS.values()]
@@ -69,15 +69,8 @@ KINDS_OF = {
 
 
 def _declared(path: str, kinds_of_run=None) -> list[str]:
-    """The kinds whose inputs cover `path` (a '-' entry leaves it out of that kind's section)."""
-    kinds = []
-    for kind, paths in INPUTS.items():
-        if kinds_of_run is not None and kind not in kinds_of_run:
-            continue
-        if any(covers(p, path) for p in paths if not p.startswith("-")) and \
-                not any(covers(p[1:], path) for p in paths if p.startswith("-")):
-            kinds.append(kind)
-    return kinds
+    """The kinds whose inputs cover `path` (of the kinds `kinds_of_run`, when given)."""
+    return [k for k in kinds_of(path) if kinds_of_run is None or k in kinds_of_run]
 
 
 def test_every_config_field_is_an_input_or_has_no_effect():

@@ -29,7 +29,7 @@ from coopflow.stages.loops import actor_critic as AC
 from coopflow.stages.planning.context import RunContext, formatters_for, make_context
 from coopflow.stages.planning.session import Session
 from coopflow.stages.planning.plan import is_actor_critic
-from coopflow.stages.planning.keys import critic_refit_key, eval_key, scores_key, segment_record_keys
+from coopflow.stages.planning.keys import critic_refit_key, eval_key, scores_key
 from coopflow.stages.loops.segment import (SegmentResult, acquire_policies, node_means, peek_policies, score_or_load,
                                   train_segment)
 from coopflow.stages.tasks.taskset import build_taskset
@@ -111,9 +111,9 @@ def segments_to_rebuild(ctx: RunContext) -> set[int]:
     checkpoint (its optimizer state was dropped, `checkpoint_optimizer` or `coopflow gc`), the segments after the
     last checkpoint that still has it are replayed from their stored rollouts, so training continues exactly."""
     store, ends = ctx.store, ctx.end_keys
-    records = [segment_record_keys(ctx, i) for i in range(len(ends))]
+    p = ctx.plan
     stored = [find_checkpoint(store, k) is not None and store.find("steps", sk) is not None
-              and store.find("metrics", mk) is not None for k, (sk, mk) in zip(ends, records)]
+              and store.find("metrics", mk) is not None for k, sk, mk in zip(ends, p.steps_keys, p.metrics_keys)]
     first = next((i for i, ok in enumerate(stored) if not ok), None)
     if not first or ctx.session.live.peek(ends[first - 1]) is not None:
         return set()  # nothing to train, training starts from the sources, or from live policies
@@ -129,8 +129,7 @@ def stored_training(ctx: RunContext) -> TrainResult:
     if find_checkpoint(store, ctx.run_key) is None:
         raise ConfigError("no trained checkpoint for this config yet: run the 'train' stage first")
     out = TrainResult()
-    for i, k in enumerate(ctx.end_keys):
-        sk, mk = segment_record_keys(ctx, i)
+    for k, sk, mk in zip(ctx.end_keys, ctx.plan.steps_keys, ctx.plan.metrics_keys):
         out.add(store, SegmentResult(find_checkpoint(store, k), store.find("steps", sk), store.find("metrics", mk),
                                      cached=True))
     return out

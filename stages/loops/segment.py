@@ -33,7 +33,7 @@ from coopflow.stages.evaluate.evaluate import evaluate
 from coopflow.stages.loops import actor_critic as AC
 from coopflow.stages.planning.context import RunContext, formatters_for
 from coopflow.stages.planning.plan import Update, is_actor_critic
-from coopflow.stages.planning.keys import UpdateKeys, scores_key, segment_record_keys, update_keys
+from coopflow.stages.planning.keys import UpdateKeys, scores_key, update_keys
 from coopflow.stages.rollout.tree import generate_tree
 from coopflow.stages.score.advantages import compute_advantages, joint_returns, tree_children
 from coopflow.stages.tasks.centralized import parse_failures, split_roles
@@ -211,7 +211,7 @@ def last_logged_step(ctx: RunContext, seg_index: int) -> int | None:
     `logging_steps` (the gate: log when env_step - last logged >= logging_steps), from their stored steps."""
     last = None
     for i in range(seg_index):
-        ref = ctx.store.find("steps", segment_record_keys(ctx, i)[0])
+        ref = ctx.store.find("steps", ctx.plan.steps_keys[i])
         for row in ctx.store.read_rows(ref) if ref is not None else []:
             if last is None or row["env_step"] - last >= ctx.cfg.trainer.logging_steps:
                 last = row["env_step"]
@@ -232,7 +232,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     seg = ctx.plan.segments[seg_index]
     ends = ctx.end_keys
     end_key = ends[seg_index]
-    steps_key, metrics_key = segment_record_keys(ctx, seg_index)
+    steps_key, metrics_key = ctx.plan.steps_keys[seg_index], ctx.plan.metrics_keys[seg_index]
     done = [find_checkpoint(store, end_key), store.find("steps", steps_key), store.find("metrics", metrics_key)]
     if all(done) and seg_index not in ctx.session.rebuild:  # the whole segment is already stored: nothing to run
         return SegmentResult(done[0], done[1], done[2], cached=True)
@@ -326,7 +326,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     # --- checkpoint + segment manifest
     t0 = time.perf_counter()
     state["segment_keys"] = ends[:seg_index + 1]
-    state["segment_steps"] = [segment_record_keys(ctx, i)[0] for i in range(seg_index + 1)]
+    state["segment_steps"] = list(ctx.plan.steps_keys[:seg_index + 1])
     pol.state = state
     ckpt_key = policy_key  # a checkpoint is stored under the key of the policy version it holds
     # (the logging position is this run's, not the policy's: a run with other logging settings shares the checkpoint)

@@ -22,7 +22,7 @@ from coopflow.stages.agents.catalog import install, is_catalog_name
 from coopflow.stages.agents.decode import resolve_compute_dtype
 from coopflow.stages.agents.models import build_tiny_model
 from coopflow.stages.planning import budget
-from coopflow.stages.planning.keys import segment_end_keys, start_key
+from coopflow.stages.planning.keys import segment_end_keys, segment_record_keys, start_key
 from coopflow.stages.planning.plan import (STAGE_VERSION, RunPlan, is_actor_critic, plan_segments, plan_updates,
                                trains_in_segments)
 from coopflow.stages.planning.session import Session
@@ -242,7 +242,11 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
     ctx = ctx.with_plan(updates=tuple(updates),
                         segments=tuple(tuple(s) for s in plan_segments(updates, cfg.checkpoint_every)),
                         budget=est, warnings=warns)
-    return ctx.with_plan(end_keys=segment_end_keys(ctx)) if trains_in_segments(cfg) else ctx
+    if not trains_in_segments(cfg):
+        return ctx
+    ctx = ctx.with_plan(end_keys=segment_end_keys(ctx))
+    records = [segment_record_keys(ctx, i) for i in range(len(ctx.end_keys))]
+    return ctx.with_plan(steps_keys=tuple(s for s, _ in records), metrics_keys=tuple(m for _, m in records))
 
 
 def eval_on_train_warning(cfg: RunConfig, train: list[dict], evals: list[dict]) -> str | None:

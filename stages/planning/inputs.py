@@ -37,11 +37,14 @@ INPUTS: dict[str, tuple[str, ...]] = {
     # (the attention kernel and the device change the numbers computed, and a GPU samples other tokens than a CPU
     # for the same seed: they are inputs, unlike thread counts and worker placement)
     "start": ("algorithm", "agents.agent_model", "agents.agents", "agents.num_agents", "agents.dtype",
-              "agents.compute_dtype", "agents.attn_implementation", "agents.device", "agents.lora", "agents.tiny_hidden_size", "agents.tiny_num_layers",
+              "agents.compute_dtype", "agents.attn_implementation", "agents.device", "agents.lora",
+              "agents.tiny_hidden_size", "agents.tiny_num_layers",
               "trainer.collaboration_mode", "centralized_adapter", "centralized_adapter_kwargs",
               "critic.critic_model", "critic.critics", "trainer.use_separate_critic", "trainer.critic_type",
               "trainer.value_head_hidden_dim", "trainer.critic_value_head_hidden_dim", "cache_salt"),
-    # the plan: which items each update trains on (reaches every key through the items' digest and index)
+    # the plan: which items each update trains on. Never hashed as such (no key function reads this entry): it
+    # reaches the keys through each update's items and index, so a run continued with more epochs reuses the
+    # shorter run's artifacts
     "plan": ("trainer.rollout_buffer_size", "trainer.num_train_epochs", "checkpoint_every", "trainer.num_iterations"),
     # one update's samples: sampling settings and prompts ...
     "rollouts": ("seed", "formatters", "trainer.num_generations", "trainer.max_new_tokens", "trainer.temperature",
@@ -93,7 +96,8 @@ INPUTS: dict[str, tuple[str, ...]] = {
                      "trainer.reward_num_train_epochs", "trainer.reward_train_batch_size", "trainer.reward_max_length",
                      "trainer.reward_freeze_backbone"),
     # MARLHF's RL phase runs a config of its own (`rl_trainer_fields`): these become its algorithm and critic
-    # sources (start inputs there); the fields both trainers share are copied and enter that config's keys
+    # sources (start inputs there); the fields both trainers share are copied and enter that config's keys.
+    # Never hashed as such, like the plan
     "rl_phase": ("trainer.rl_algorithm", "trainer.critic_model_name"),
     # an iterative round (its checkpoint, pairs shard, reward model and metrics): every trainer setting but those
     # in NO_EFFECT, and what its candidates, evaluation and logging read
@@ -104,9 +108,6 @@ INPUTS: dict[str, tuple[str, ...]] = {
 }
 """Config fields each kind's key holds. Upstream keys and code/data identities are added by the key functions."""
 
-PLAN_ONLY = ("plan", "rl_phase")
-"""Kinds whose fields reach keys indirectly (through the plan's items and update indices, or a derived config),
-never hashed as such: a run continued with more epochs reuses the shorter run's artifacts."""
 
 # --- fields that change no stored content, and why ----------------------------------------------------
 
@@ -180,12 +181,24 @@ def covers(declared: str, path: str) -> bool:
     return path == declared or path.startswith(declared + ".")
 
 
+def _left_out(kind: str) -> set[str]:
+    """Paths `INPUTS[kind]` leaves out of its declared sections ('-' entries)."""
+    return {p[1:] for p in INPUTS[kind] if p.startswith("-")}
+
+
+def kinds_of(path: str) -> list[str]:
+    """The kinds whose declared inputs hold field `path` (directly or in a declared section it is not left out of)."""
+    return [kind for kind, paths in INPUTS.items()
+            if any(covers(p, path) for p in paths if not p.startswith("-"))
+            and not any(covers(p, path) for p in _left_out(kind))]
+
+
 def declared_values(cfg: BaseModel, kind: str) -> dict[str, Any]:
     """{path: JSON value} of the fields `INPUTS[kind]` declares that this config's models have (the trainer of
     one algorithm lacks another's fields); what goes into the kind's key besides its upstream keys. A declared
     section (`trainer`) holds its fields minus those in `NO_EFFECT`."""
     out = {}
-    left_out = {p[1:] for p in INPUTS[kind] if p.startswith("-")} | set(NO_EFFECT)
+    left_out = _left_out(kind) | set(NO_EFFECT)
     for path in INPUTS[kind]:
         found, value = (False, None) if path.startswith("-") else _lookup(cfg, path)
         if found:
@@ -207,14 +220,5 @@ def _lookup(obj: Any, path: str) -> tuple[bool, Any]:
         if not isinstance(obj, BaseModel) or name not in type(obj).model_fields:
             return False, None
         obj = getattr(obj, name)
-    return True, _jsonable(obj)
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, BaseModel):
-        return v.model_dump(mode="json")
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    return v
+    # (a section as a dict, so `_without` can drop fields from it; key_for's canonical JSON does the rest)
+    return True, obj.model_dump(mode="json") if isinstance(obj, BaseModel) else obj

@@ -78,3 +78,5 @@ class RunPlan:
     budget: budget.Budget
     warnings: tuple[str, ...] = ()
     end_keys: tuple[str, ...] = ()  # checkpoint key (= policy version key) at the end of every segment (online RL)
+    steps_keys: tuple[str, ...] = ()  # key of every segment's steps manifest (online RL)
+    metrics_keys: tuple[str, ...] = ()  # key of every segment's metric rows under this run's logging (online RL)
