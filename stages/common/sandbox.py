@@ -118,18 +118,21 @@ class Isolation:
         return Isolation(sys.executable, False, _namespaces_work())
 
 
-_UNSHARE = ["--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child"]
+@lru_cache(maxsize=1)
+def _unshare() -> tuple[str, ...]:
+    """The command prefix that runs a program in its own user, network and PID namespaces (empty: no `unshare`)."""
+    path = shutil.which("unshare")
+    return (path, "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child") if path else ()
 
 
 def _namespaces_work() -> bool:
     """Whether `unshare` can give an unprivileged program its own user, network and PID namespaces here, and the
     kernel has Landlock (both checked by running them once)."""
-    unshare = shutil.which("unshare")
-    if not unshare:
+    if not _unshare():
         return False
     probe = _LANDLOCK + "\n_landlock('.')\nprint('ok')\n"
     try:
-        r = subprocess.run([unshare, *_UNSHARE, sys.executable, "-I", "-S", "-c", probe], capture_output=True,
+        r = subprocess.run([*_unshare(), sys.executable, "-I", "-S", "-c", probe], capture_output=True,
                            text=True, timeout=30, cwd=tempfile.gettempdir())
     except (OSError, subprocess.TimeoutExpired):
         return False
@@ -295,7 +298,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits(), isolation: Is
         with open(work / ".stdout", "wb") as out, open(work / ".stderr", "wb") as err:
             command = [iso.python, "-I", "-S", "main.py"]
             if ns:  # its own user, network and PID namespaces: no network, and nothing outlives its PID 1
-                command = [shutil.which("unshare") or "unshare", *_UNSHARE, *command]
+                command = [*_unshare(), *command]
             proc = subprocess.Popen(command, cwd=work, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
                                     close_fds=True, preexec_fn=_limits_fn(limits, uid, libc,
                                                                           _processes_of_this_user() if ns else None))
