@@ -128,13 +128,13 @@ def check_rows(cfg: RunConfig, splits: dict[str, list[dict]]) -> None:
     chat template) is a non-empty string, and the row has every field the reward reads (`required_fields` of
     the reward function, e.g. HumanEval's test and entry_point). PreflightError names the taskset, split, row
     and field."""
-    from coopflow.stages.score.rewards import resolve_reward
+    from coopflow.stages.score.rewards import resolve_reward, reward_attribute
     from coopflow.stages.tasks.formatters import role_formatter
 
-    fn = resolve_reward(cfg.reward.name, cfg.reward.kwargs)
-    needs = tuple(getattr(fn, "required_fields", None) or getattr(getattr(fn, "func", None), "required_fields", ()))
-    roles = [(i, cfg.formatter_for(i)) for i in range(cfg.agents.n)]
-    formats = [(i, role_formatter(f), f.function or f.template) for i, f in roles]
+    needs = tuple(reward_attribute(resolve_reward(cfg.reward.name, cfg.reward.kwargs), "required_fields", ()))
+    column = f"the prompt column {cfg.taskset.prompt_column!r}"
+    formats = [(i, role_formatter(f), f.function or f.template or column)
+               for i, f in ((i, cfg.formatter_for(i)) for i in range(cfg.agents.n))]
     for split, items in splits.items():
         for item in items:
             where = f"taskset {cfg.taskset.name!r} {split} row {item['_item_id']}"
@@ -142,17 +142,16 @@ def check_rows(cfg: RunConfig, splits: dict[str, list[dict]]) -> None:
             if missing:
                 raise PreflightError(f"{where}: no {', '.join(map(repr, missing))} field, which reward "
                                      f"{cfg.reward.name!r} reads (fields: {sorted(k for k in item if k[0] != '_')})")
-            for agent, fmt, how in formats:
+            for agent, fmt, source in formats:
                 try:
                     text = fmt(item)
                 except (KeyError, ValueError, TypeError, IndexError) as err:
-                    raise PreflightError(f"{where}: agent {agent}'s prompt ({how or 'the prompt column'}) failed: "
+                    raise PreflightError(f"{where}: agent {agent}'s prompt ({source}) failed: "
                                          f"{err.__class__.__name__}: {err}") from None
                 if not isinstance(text, str):
-                    raise PreflightError(f"{where}: agent {agent}'s prompt ({how or 'the prompt column'}) is a "
-                                         f"{type(text).__name__}, not text")
+                    raise PreflightError(f"{where}: agent {agent}'s prompt ({source}) is a {type(text).__name__}, "
+                                         "not text")
                 if not text.strip():
-                    source = how or f"the prompt column {cfg.taskset.prompt_column!r}"
                     raise PreflightError(f"{where}: agent {agent}'s prompt is empty ({source}): every agent needs "
                                          "text to answer")
 

@@ -60,9 +60,16 @@ def resolve_reward(name: str, kwargs: dict | None = None) -> Callable:
     return fn
 
 
+def reward_attribute(fn: Callable, name: str, default=None):
+    """An attribute a reward function declares about itself (`reward_range`, `required_fields`), also through
+    functools.partial; `default` when it declares none."""
+    found = getattr(fn, name, None)
+    return found if found is not None else getattr(getattr(fn, "func", None), name, default)
+
+
 def declared_range(fn: Callable) -> tuple[float, float] | None:
     """A reward function's `reward_range` (set_reward_range), also through functools.partial; None if undeclared."""
-    rng = getattr(fn, "reward_range", None) or getattr(getattr(fn, "func", None), "reward_range", None)
+    rng = reward_attribute(fn, "reward_range")
     return (float(rng[0]), float(rng[1])) if rng is not None else None
 
 
