@@ -43,6 +43,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+import flops  # noqa: E402  (bench/flops.py: FLOPs of the work done, the machine's matmul peak)
+
 _SHARED = Path(os.environ.get("SHARED_DIR", REPO.parent / "shared")).expanduser().resolve()
 # SHARED_DIR is the shared dir holding bench/; a path to the bench dir itself is accepted too.
 SHARED_BENCH = _SHARED if (_SHARED / "comlrl_peer.py").is_file() else _SHARED / "bench"
@@ -196,7 +199,18 @@ def child_direct(spec: dict) -> None:
     summary["process_warmup_s"] = round(warm_s, 3)
     summary["torch_threads"] = torch.get_num_threads()
     _add_loop_rate(summary, Path(spec["config"]["data_dir"]))
+    _add_work(summary, Path(spec["config"]["data_dir"]), spec["config"]["agents"]["agent_model"])
     print(MARK + json.dumps(summary, default=str), flush=True)
+
+
+def _add_work(summary: dict, data_dir: Path, model_dir: str) -> dict:
+    """The run's matmul work (bench/flops.py) and the GFLOP/s it achieved per phase and over its train seconds."""
+    work = flops.coopflow_work(data_dir, model_dir)
+    t = summary.get("timing") or {}
+    summary["work"] = work.as_dict()
+    summary["gflops"] = flops.rates(work, {"generate": t.get("generate_s"), "update": t.get("update_s"),
+                                           "train": summary.get("train_seconds")})
+    return summary
 
 
 class TreeMeter:
@@ -390,9 +404,16 @@ def run_child(mode: str, spec: dict, tmp: Path, timeout: float) -> dict:
     return r
 
 
-def run_peer(peer_py: Path, w: dict, timeout: float, seed: int = 0) -> dict:
-    env = dict(os.environ, K=str(w["K"]), TOKENS=str(w["tokens"]), RBS=str(w["rbs"]), THREADS=str(THREADS),
-               WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
+PEER_CONFIGS = {"t1": (1, False), "t2": (2, False), "mp-t1": (1, True), "mp-t2": (2, True)}
+"""The peer's configurations on this machine: torch threads per process, and whether its own parallel mode runs
+the two agents at once (`parallel_training="mp"` on per-agent CPU device names, a thread per agent; see
+bench/peer_run.py). Each repeat runs the chosen ones and compares coopflow with the fastest."""
+
+
+def run_peer(peer_py: Path, w: dict, timeout: float, seed: int = 0, config: str = "t2") -> dict:
+    threads, mp = PEER_CONFIGS[config]
+    env = dict(os.environ, K=str(w["K"]), TOKENS=str(w["tokens"]), RBS=str(w["rbs"]), THREADS=str(threads),
+               OMP_NUM_THREADS=str(threads), WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
     harness = "comlrl_peer.py"
     extra: list[str] = []
     if w.get("algo") in ("iac", "maac"):
@@ -403,13 +424,8 @@ def run_peer(peer_py: Path, w: dict, timeout: float, seed: int = 0) -> dict:
         harness = "comlrl_peer_multiturn.py"
         env.update(TURNS=str(w["turns"]), JOINT="aligned", ET="none")
     args = extra + [str(MODELS / w["model"]), str(w["items"]), str(w["epochs"])]
-    if seed == 0:
-        cmd = [str(peer_py), harness, *args]
-    else:  # the harness seeds torch with 0; run it unchanged with that one call redirected to `seed`
-        code = ("import runpy, sys, torch; _ms = torch.manual_seed; "
-                f"torch.manual_seed = lambda s: _ms({seed}); sys.argv = ['{harness}', *sys.argv[1:]]; "
-                f"runpy.run_path('{harness}', run_name='__main__')")
-        cmd = [str(peer_py), "-c", code, *args]
+    opts = (["--mp"] if mp else []) + (["--seed", str(seed)] if seed else [])
+    cmd = [str(peer_py), str(REPO / "bench" / "peer_run.py"), *opts, harness, *args]
     r = run_metered(cmd, env, SHARED_BENCH, timeout)
     res = parse_json_line(r["stdout"])
     if res is not None:
@@ -419,8 +435,24 @@ def run_peer(peer_py: Path, w: dict, timeout: float, seed: int = 0) -> dict:
         else:  # the multi-turn and AC harnesses report env_steps and env_steps/s over trainer.train()'s wall
             dt = res["env_steps"] / res["env_steps_per_s"]
         res["train_seconds"] = dt
+        res["config"] = config
+        calls = (parse_json_line(r["stdout"], "PEER_WORK ") or {}).get("calls")
+        if calls:
+            work = flops.Work()
+            shape = flops.Shape.of(MODELS / w["model"])
+            for c in calls:
+                work.add_call(shape, c["distinct"], [tuple(x) for x in c["rows"]])
+            res["work"] = work.as_dict()
+            res["gflops"] = flops.rates(work, {"train": dt})
     r["result"] = res
     return r
+
+
+def _best_peer_config(rec: dict, configs: list[str]) -> str:
+    """The peer configuration with the highest median rate in a workload's speed repeats (the first if none ran)."""
+    rates = {pc: [x for x in rec["repeats"].get(f"peer:{pc}", []) if x is not None] for pc in configs}
+    ran = {pc: statistics.median(v) for pc, v in rates.items() if v}
+    return max(ran, key=ran.get) if ran else configs[0]
 
 
 def _tail(r: dict, n: int = 1500) -> str:
@@ -465,13 +497,16 @@ def print_repeats(results: dict) -> None:
         peer = reps.get("peer") or []
         for mode, all_rates in reps.items():
             rates = [c for c in all_rates if c is not None]  # failed repeats are None
-            if mode == "peer" or len(rates) < 2:
+            if mode.startswith("peer:") and rates:
+                print(f"{name} peer {mode[5:]}: {len(rates)} repeat(s), median {statistics.median(rates):.2f} "
+                      f"env_steps/s ({', '.join(f(x) for x in all_rates)})")
+            if mode.startswith("peer") or len(rates) < 2:
                 continue
             ratios = [c / p for c, p in zip(all_rates, peer) if c is not None and p is not None]
-            line = f"{name} {mode}: {len(rates)} repeats, coopflow median {statistics.median(rates):.2f} env_steps/s"
+            line = f"{name} coopflow {mode}: {len(rates)} repeats, median {statistics.median(rates):.2f} env_steps/s"
             if ratios:
                 ok_peer = [p for p in peer if p is not None]
-                line += (f", peer median {statistics.median(ok_peer):.2f}, ratio median "
+                line += (f", fastest peer per repeat median {statistics.median(ok_peer):.2f}, ratio median "
                          f"{statistics.median(ratios):.2f}x (per repeat {min(ratios):.2f}-{max(ratios):.2f}x)")
             print(line)
 
@@ -495,8 +530,8 @@ def print_seed_table(results: dict) -> None:
 
 
 def print_table(results: dict) -> None:
-    rows = [("workload", "cf mode", "peer st/s", "cf st/s", "cf/peer", "cf loop st/s", "peer rew f→l", "cf rew f→l",
-             "cf eval", "busy peer", "busy cf")]
+    rows = [("workload", "cf mode", "peer", "peer st/s", "cf st/s", "cf/peer", "cf loop st/s", "peer rew f→l",
+             "cf rew f→l", "cf eval", "GFLOP/s peer", "GFLOP/s cf gen/upd/all", "busy peer", "busy cf")]
     for name, r in results["workloads"].items():
         p = (r.get("peer") or {}).get("result") or {}
         w = r["spec"]
@@ -505,15 +540,20 @@ def print_table(results: dict) -> None:
             label += f" {w['turns']} turns"
         if w.get("algo"):
             label = f"{name}: {w['model']} K={w['K']} {w['tokens']}tok rbs{w['rbs']} {w['items']}x{w['epochs']}"
-        for tag in [k for k in ("coopflow", "coopflow_mp", "coopflow_mp_masked") if k in r]:
+        for tag in ["coopflow" if m == "seq" else f"coopflow_{m}" for m in MODES if ("coopflow" if m == "seq" else
+                                                                             f"coopflow_{m}") in r]:
             c = (r.get(tag) or {}).get("result") or {}
             ps, cs = p.get("env_steps_per_s"), c.get("env_steps_per_s")
-            rows.append((label, "seq" if tag == "coopflow" else tag.removeprefix("coopflow_"), f(ps), f(cs),
+            g = c.get("gflops") or {}
+            rows.append((label, "seq" if tag == "coopflow" else tag.removeprefix("coopflow_"), p.get("config", "-"),
+                         f(ps), f(cs),
                          f(cs / ps if ps and cs else None) + ("x" if ps and cs else ""),
                          f(c.get("loop_env_steps_per_s")),
                          f"{f(p.get('reward_first'))}→{f(p.get('reward_last'))}",
                          f"{f(c.get('reward_first'))}→{f(c.get('reward_last'))}",
                          f((c.get("eval") or {}).get("eval/turn_1/reward_mean")),
+                         f((p.get("gflops") or {}).get("train_gflops"), ".1f"),
+                         "/".join(f(g.get(k), ".1f") for k in ("generate_gflops", "update_gflops", "train_gflops")),
                          busy((r.get("peer") or {}).get("meter", {}).get("others_busy_cores")),
                          busy((r.get(tag) or {}).get("meter", {}).get("others_busy_cores"))))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
@@ -526,8 +566,15 @@ def print_table(results: dict) -> None:
         print("st/s = env_steps/s (joint actions scored per train second; both sides exclude model loading); "
               "cf = coopflow run_direct (train_seconds = update loop + checkpoint writes; 'cf loop' = "
               "generate+score+update only); cf mode: seq = agents in one process, mp = a worker process per agent; "
+              "peer = the fastest peer configuration of the repeat (tN: N torch threads, mp-tN: its parallel mode); "
+              "GFLOP/s = matmul FLOPs of the work done (bench/flops.py) per second: peer over its train seconds, cf "
+              "per phase (generate, update) and over its train seconds; "
               "busy = cores other processes kept busy during the child (0 clean .. 2 saturated; '!' = noisy, > "
               f"{NOISY})")
+    pk = results.get("matmul_peak_gflops")
+    if pk:
+        print(f"this machine's dense matmul peak, measured in this run ({THREADS} threads, 2048x2048): "
+              f"fp32 {pk['fp32']} GFLOP/s, bf16 {pk['bf16']} GFLOP/s")
     fo = results.get("flow_overhead")
     if fo:
         if fo.get("pairs"):
@@ -566,6 +613,9 @@ def main(argv: list[str] | None = None) -> int:
                          "updates is very seed dependent)")
     ap.add_argument("--modes", nargs="+", default=["seq", "mp"], choices=sorted(MODES),
                     help="coopflow variants: seq (agents in one process), mp (one worker process per agent)")
+    ap.add_argument("--peer-configs", nargs="+", default=["t1", "t2", "mp-t1"], choices=sorted(PEER_CONFIGS),
+                    help="peer configurations run in each repeat (tN: N torch threads; mp-tN: the peer's parallel "
+                         "mode, a thread per agent, N torch threads each); coopflow is compared with the fastest")
     ap.add_argument("--repeats", type=int, default=1,
                     help="measure each workload's speed N times, peer and modes interleaved; prints median rates and "
                          "the median of the per-repeat ratios (the machine's speed drifts by 10-30 %% between runs)")
@@ -592,6 +642,10 @@ def main(argv: list[str] | None = None) -> int:
                      "nproc": os.cpu_count(), "models": {k: str(MODELS / k) for k in MODEL_SPECS},
                      "peer_python": str(peer_py) if peer_py else None, "workloads": {}}
     failures = 0
+    if args.workloads:
+        wait_quiet(args.quiet_wait)
+        results["matmul_peak_gflops"] = flops.peaks(THREADS)
+        log(f"dense matmul peak: {results['matmul_peak_gflops']} GFLOP/s")
     with tempfile.TemporaryDirectory(prefix="coopflow-bench-") as tmp_s:
         tmp = Path(tmp_s)
         for name in args.workloads:
@@ -604,20 +658,24 @@ def main(argv: list[str] | None = None) -> int:
                 # hits all of them alike; the first repeat's full records are kept, every rate in 'repeats'.
                 first = rep == 0
                 if peer_py:
-                    quiet = wait_quiet(args.quiet_wait)
-                    if first:
-                        rec["peer_quiet"] = quiet
-                    log(f"workload {name}: peer (CoMLRL 1.4.3)" + (f", repeat {rep + 1}" if rep else ""))
-                    r = run_peer(peer_py, w, args.timeout)
-                    if first:
-                        rec["peer"] = _strip(r)
-                    rec["repeats"]["peer"].append((r["result"] or {}).get("env_steps_per_s"))  # None: failed
-                    if r["result"] is None:
-                        failures += 1
-                        log(f"peer failed rc={r['rc']}:\n{_tail(r)}")
-                    else:
-                        log(f"peer: {r['result']['env_steps_per_s']:.2f} env_steps/s, others busy "
-                            f"{r['meter']['others_busy_cores']}")
+                    # every peer configuration; coopflow is compared with the fastest of this repeat
+                    best = None
+                    for pc in args.peer_configs:
+                        quiet = wait_quiet(args.quiet_wait)
+                        log(f"workload {name}: peer (CoMLRL 1.4.3, {pc})" + (f", repeat {rep + 1}" if rep else ""))
+                        r = run_peer(peer_py, w, args.timeout, config=pc)
+                        rate = (r["result"] or {}).get("env_steps_per_s")  # None: failed
+                        rec["repeats"].setdefault(f"peer:{pc}", []).append(rate)
+                        if r["result"] is None:
+                            failures += 1
+                            log(f"peer ({pc}) failed rc={r['rc']}:\n{_tail(r)}")
+                            continue
+                        log(f"peer ({pc}): {rate:.2f} env_steps/s, others busy {r['meter']['others_busy_cores']}")
+                        if best is None or rate > best[0]["result"]["env_steps_per_s"]:
+                            best = (r, quiet)
+                    if first and best is not None:
+                        rec["peer"], rec["peer_quiet"] = _strip(best[0]), best[1]
+                    rec["repeats"]["peer"].append(best[0]["result"]["env_steps_per_s"] if best else None)
                 for mode in args.modes:
                     over = MODES[mode]
                     cfg = coopflow_config(w, taskset, tmp / f"data-{name}-{mode}-{rep}", **over)
@@ -646,8 +704,9 @@ def main(argv: list[str] | None = None) -> int:
                 per: dict = {"peer": [], **{m: [] for m in args.modes}}
                 for seed in range(args.seeds):
                     if peer_py:
-                        log(f"workload {name}: peer, seed {seed}")
-                        r = run_peer(peer_py, w, args.timeout, seed)
+                        pc = _best_peer_config(rec, args.peer_configs)
+                        log(f"workload {name}: peer ({pc}), seed {seed}")
+                        r = run_peer(peer_py, w, args.timeout, seed, pc)
                         if r["result"]:
                             per["peer"].append(_reward_record(r["result"], seed))
                     for mode in args.modes:
