@@ -39,6 +39,7 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
 import bench_magrpo as B  # noqa: E402  (quiet-wait, peer venv and child env helpers)
+import flops  # noqa: E402  (matmul FLOPs of the work done, the machine's matmul peak)
 
 SOURCE = REPO / ".bench" / "models" / "smollm2-135m-instruct"
 MODEL = REPO / ".bench" / "models" / "smollm2-135m-instruct-pad0"
@@ -119,7 +120,7 @@ import torch
 sys.path.insert(0, sys.argv[2])
 from exclusive_timers import T, timed
 from coopflow.schemas.config import validate_config
-import coopflow.stages.rollout.generate as G, stages.update.policy_gradient as PG, stages.agents.logprobs as LP
+import coopflow.stages.rollout.generate as G, coopflow.stages.update.policy_gradient as PG, coopflow.stages.agents.logprobs as LP
 from coopflow.stages.loops.run import run_direct
 G.generate_for_agent = timed("generate", G.generate_for_agent)
 PG.sequence_logprobs = timed("loss_forward", LP.sequence_logprobs)
@@ -180,6 +181,9 @@ def run_child(cmd: list[str], env: dict, timeout: float) -> dict:
         done.set()
         t.join()
     res = B.parse_json_line(r["stdout"], MARK) or {"rc": r["rc"], "stderr": r["stderr"][-2000:]}
+    work = B.parse_json_line(r["stdout"], "PEER_WORK ")  # bench/peer_run.py's record of the peer's generate calls
+    if work is not None:
+        res["peer_calls"] = work.get("calls")
     return {**res, "peak_rss_mb": round(peak[0] / 2**20), "meter": r["meter"]}
 
 
@@ -190,7 +194,10 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rbs", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads of each side (mp: per worker)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of coopflow (mp: per worker)")
+    ap.add_argument("--peer-configs", nargs="+", default=["t1", "t2", "mp-t1"], choices=sorted(B.PEER_CONFIGS),
+                    help="peer configurations run in each repeat (tN: N torch threads; mp-tN: its parallel mode, a "
+                         "thread per agent, N torch threads each); coopflow is compared with the fastest")
     ap.add_argument("--modes", nargs="*", default=["seq", "mp", "seq-bf16", "mp-bf16"],
                     help="coopflow modes (none: the peer only)")
     ap.add_argument("--repeats", type=int, default=1)
@@ -207,6 +214,10 @@ def main() -> int:
     env = {**B.child_env(), "OMP_NUM_THREADS": str(a.threads)}
     peer_env = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     results: dict = {}
+    shape = flops.Shape.of(MODEL)
+    B.wait_quiet(a.quiet_wait)
+    peaks = flops.peaks(2)
+    B.log(f"dense matmul peak (2 threads): {peaks} GFLOP/s")
     for task in a.tasks:
         items_file = tmp / f"{task}.json"
         items = task_items(task, a.items)
@@ -214,12 +225,27 @@ def main() -> int:
         (tmp / f"{task}.jsonl").write_text("".join(json.dumps(it) + "\n" for it in items))
         for rep in range(a.repeats):
             if peer_py is not None:
-                B.wait_quiet(a.quiet_wait)
-                B.log(f"{task} #{rep}: peer (CoMLRL 1.4.3)")
-                r = run_child([str(peer_py), str(REPO / "bench" / "peer_real.py"), task, str(MODEL), str(items_file),
-                               str(a.k), str(a.tokens), str(a.rbs), str(a.threads)], peer_env, 7200)
-                results.setdefault(task, {}).setdefault("peer", []).append(r)
-                B.log(f"  {r}")
+                best = None
+                for pc in a.peer_configs:
+                    threads, mp = B.PEER_CONFIGS[pc]
+                    B.wait_quiet(a.quiet_wait)
+                    B.log(f"{task} #{rep}: peer (CoMLRL 1.4.3, {pc})")
+                    r = run_child([str(peer_py), str(REPO / "bench" / "peer_run.py"), *(["--mp"] if mp else []),
+                                   str(REPO / "bench" / "peer_real.py"), task, str(MODEL), str(items_file), str(a.k),
+                                   str(a.tokens), str(a.rbs), str(threads)],
+                                  {**peer_env, "OMP_NUM_THREADS": str(threads)}, 7200)
+                    r["config"] = pc
+                    calls = r.pop("peer_calls", None)
+                    if calls and r.get("train_seconds"):
+                        work = flops.Work()
+                        for c in calls:
+                            work.add_call(shape, c["distinct"], [tuple(x) for x in c["rows"]])
+                        r["work"], r["gflops"] = work.as_dict(), flops.rates(work, {"train": r["train_seconds"]})
+                    results.setdefault(task, {}).setdefault(f"peer:{pc}", []).append(r)
+                    B.log(f"  {r}")
+                    if r.get("env_steps_per_s") and (best is None or r["env_steps_per_s"] > best["env_steps_per_s"]):
+                        best = r
+                results.setdefault(task, {}).setdefault("peer", []).append(best or {})
             for mode in a.modes:
                 cfg_file = tmp / f"cfg-{task}-{mode}-{rep}.json"
                 cfg_file.write_text(json.dumps(coopflow_config(task, tmp / f"{task}.jsonl",
@@ -227,13 +253,23 @@ def main() -> int:
                 B.wait_quiet(a.quiet_wait)
                 B.log(f"{task} #{rep}: coopflow {mode}")
                 r = run_child([sys.executable, "-c", COOPFLOW_CHILD, str(cfg_file), str(REPO / "bench")], env, 7200)
+                data_dir = tmp / f"data-{task}-{mode}-{rep}"
+                if r.get("env_steps"):
+                    timing = B._loop_timing(data_dir)
+                    work = flops.coopflow_work(data_dir, MODEL)
+                    r["timing"], r["work"] = timing, work.as_dict()
+                    r["gflops"] = flops.rates(work, {"generate": timing.get("generate_s"),
+                                                     "update": timing.get("update_s"), "train": r["train_seconds"]})
                 results.setdefault(task, {}).setdefault(mode, []).append(r)
                 B.log(f"  {r}")
                 shutil.rmtree(tmp / f"data-{task}-{mode}-{rep}", ignore_errors=True)  # checkpoints are ~1.6 GB
     Path(a.out).parent.mkdir(exist_ok=True)
-    Path(a.out).write_text(json.dumps({"args": vars(a), "results": results}, indent=1))
-    print(f"\nSmolLM2-135M-Instruct x 2, {a.items} items, K={a.k}, {a.tokens} tokens, rbs {a.rbs}, "
-          f"{a.threads} torch thread(s) per process; ratio = coopflow / peer env_steps/s in the same repeat")
+    Path(a.out).write_text(json.dumps({"args": vars(a), "matmul_peak_gflops": peaks, "results": results}, indent=1))
+    print(f"\nSmolLM2-135M-Instruct x 2, {a.items} items, K={a.k}, {a.tokens} tokens, rbs {a.rbs}; coopflow "
+          f"{a.threads} torch thread(s) per process; ratio = coopflow / the fastest peer configuration of the same "
+          f"repeat ({', '.join(a.peer_configs)})\n"
+          f"dense matmul peak measured in this run (2 threads, 2048x2048): fp32 {peaks['fp32']} GFLOP/s, "
+          f"bf16 {peaks['bf16']} GFLOP/s; GFLOP/s below = matmul FLOPs of the work done (bench/flops.py) per second")
     for task, by in results.items():
         print(f"\n{task}:")
         peers = [r.get("env_steps_per_s") for r in by.get("peer", [])]
@@ -241,10 +277,13 @@ def main() -> int:
             sps = [r.get("env_steps_per_s") for r in runs]
             ratios = [s / p for s, p in zip(sps, peers) if s and p] if side != "peer" else []
             med = statistics.median([s for s in sps if s]) if any(sps) else None
-            print(f"  {side:9s} env_steps/s {med if med is None else round(med, 3)}"
+            g = runs[-1].get("gflops") or {}
+            label = side if side != "peer" else f"peer ({'/'.join(str(r.get('config')) for r in runs)})"
+            print(f"  {label:9s} env_steps/s {med if med is None else round(med, 3)}"
                   f"{'  x' + ' '.join(f'{x:.2f}' for x in ratios) if ratios else ''}"
                   f"  peak RSS {runs[-1].get('peak_rss_mb')} MB  reward {runs[-1].get('reward_first')} -> "
-                  f"{runs[-1].get('reward_last')}  busy {runs[-1]['meter']['others_busy_cores']}")
+                  f"{runs[-1].get('reward_last')}  busy {(runs[-1].get('meter') or {}).get('others_busy_cores')}"
+                  + (f"  GFLOP/s {' '.join(f'{k[:-7]} {v}' for k, v in g.items())}" if g else ""))
             ck = (runs[-1].get("split") or {}).get("checkpoint")
             if ck and runs[-1].get("train_seconds"):
                 loop = runs[-1]["env_steps"] / (runs[-1]["train_seconds"] - ck)

@@ -21,6 +21,9 @@ from pathlib import Path
 os.environ["WANDB_MODE"] = "disabled"
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # coopflow's rewards and prompts (standard library and coopflow's sandbox only)
+import coopflow  # noqa: E402  (not installed in the peer venv: its parts are found where the wheel maps them from)
+
+coopflow.__path__.append(str(REPO))
 
 import torch  # noqa: E402
 from comlrl.trainers.reinforce.magrpo import MAGRPOConfig, MAGRPOTrainer  # noqa: E402
