@@ -8,6 +8,9 @@ so machine drift cancels; the printed ratio is baseline / lever (> 1: the lever 
 
 - decode_bf16: the KV-cache decode loop with bfloat16 matmuls and cache (`agents.compute_dtype`) vs the
   weights' float32; numerics: greedy tokens agree, and per-token log-prob difference of the prefill logits.
+- decode_fused: the decode loop's fused ops (one F.rms_norm per norm, top-p sorting only the top-k survivors)
+  vs the op-by-op form; bf16 matmuls, T 0.8, top-k 50, top-p 0.95; tokens compared (bf16 logits tie often, and
+  tied tokens at the top-p edge may be ordered differently: other tokens, the same distribution).
 - prefill_shared: the decode loop prefilling each distinct prompt once (K samples share it) vs every row;
   HumanEval-length prompts (~230 tokens), `--rows` = 4 prompts x rows/4 samples, bf16 matmuls; tokens must be equal.
 - loss_shared_prompts: the policy loss forward + backward with each distinct prompt run once (its K completions on
@@ -78,6 +81,24 @@ def lever_decode_bf16(model, tok, a) -> dict:
     agree = (g32 == g16).float().mean().item()
     return {"base_s": tb, "lever_s": tl, "greedy_token_agreement": round(agree, 3),
             "tokens_per_s_base": a.rows * a.tokens / tb, "tokens_per_s_lever": a.rows * a.tokens / tl}
+
+
+def lever_decode_fused(model, tok, a) -> dict:
+    """sample(fused=True): F.rms_norm, top-p over the top-k survivors; bf16 matmuls,
+    the runs' sampling settings (T 0.8, top-k 50, top-p 0.95), HumanEval-length prompts."""
+    from coopflow.stages.agents.decode import sample
+
+    enc = tok(_humaneval_like(tok, a.rows), return_tensors="pt", padding=True)
+
+    def run(fused):
+        torch.manual_seed(0)
+        return sample(model, enc["input_ids"], enc["attention_mask"], a.tokens, 0.8, 50, 0.95, None, tok.pad_token_id,
+                      compute_dtype=torch.bfloat16, fused=fused)
+
+    tb, tl = interleave(lambda: run(False), lambda: run(True), a.repeats)
+    x, y = run(False), run(True)
+    return {"base_s": tb, "lever_s": tl, "same_tokens": bool(torch.equal(x, y)),
+            "token_agreement": round((x == y).float().mean().item(), 3)}
 
 
 def lever_prefill_shared(model, tok, a) -> dict:
@@ -227,7 +248,7 @@ def lever_adamw_fused(model, tok, a) -> dict:
     return {"base_s": tb, "lever_s": tl}
 
 
-LEVERS = {"decode_bf16": lever_decode_bf16, "prefill_shared": lever_prefill_shared,
+LEVERS = {"decode_bf16": lever_decode_bf16, "decode_fused": lever_decode_fused, "prefill_shared": lever_prefill_shared,
           "loss_shared_prompts": lever_loss_shared_prompts, "decode_static": lever_decode_static,
           "decode_compile": lever_decode_compile, "loss_bf16": lever_loss_bf16, "adamw_fused": lever_adamw_fused}
 

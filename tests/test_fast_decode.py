@@ -187,3 +187,24 @@ def test_decode_step_setting_reaches_the_loop_and_never_the_keys(tiny_model_dir,
     s = SamplingConfig(3, 12, 0.8, 0.9, 50)
     rows = generate_for_agent(model, tok, PROMPTS, 3, s, seed=7)
     assert generate_for_agent(model, tok, PROMPTS, 3, replace(s, decode_step="static"), seed=7) == rows
+
+
+@pytest.mark.parametrize("top_k,top_p,temperature", [(50, 0.95, 0.8), (5, 0.5, 1.0), (3, 0.999, 1.3)])
+def test_top_p_over_the_top_k_survivors_masks_what_the_full_sort_masks(top_k, top_p, temperature):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 500, generator=g) * 3
+    logits[1, :12] = logits[1].max() + 1  # more tied tokens at the top than top_k (3, 5) keeps: all of them survive
+    logits[2, 100:110] = torch.topk(logits[2], top_k).values[-1]  # ties at the k-th logit: every tie survives
+    logits[3] = logits[3].round()  # coarse logits (as bf16 ones are) tie everywhere
+    full = FD._warp(logits.clone(), temperature, top_k, top_p, subset=False)
+    sub = FD._warp(logits.clone(), temperature, top_k, top_p, subset=True)
+    kept_full, kept_sub = full > float("-inf"), sub > float("-inf")
+    # the same logits where both keep a token; they may differ only among tokens tied at the top-p edge
+    assert torch.equal(full[kept_full & kept_sub], sub[kept_full & kept_sub])
+    for r in range(len(logits)):
+        diff = (kept_full[r] ^ kept_sub[r]).nonzero().flatten()
+        if len(diff):
+            edge = logits[r][kept_full[r] | kept_sub[r]].min()
+            assert (logits[r][diff] == edge).all(), f"row {r}: only tokens tied at the edge may differ"
+            assert kept_full[r].sum() == kept_sub[r].sum()
+    assert torch.equal(kept_full[[0, 4, 5]], kept_sub[[0, 4, 5]])  # untied rows: the very same tokens kept

@@ -98,8 +98,10 @@ def _norm(norm, dt: torch.dtype) -> tuple:
     return norm.weight.to(dt), getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
 
 
-def _rms(norm: tuple, x):
+def _rms(norm: tuple, x, fused: bool = False):
     weight, eps = norm
+    if fused and x.dtype == weight.dtype == torch.float32:  # the same steps in one call
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     dt = x.dtype
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
@@ -124,20 +126,33 @@ def _distinct_rows(input_ids, attention_mask):
 
 # --- the loop ------------------------------------------------------------------------------------
 
-def _warp(logits, temperature: float, top_k: int | None, top_p: float):
-    """transformers' sampling warpers, same order and tie rules: temperature, top-k, top-p."""
+def _warp(logits, temperature: float, top_k: int | None, top_p: float, subset: bool = True):
+    """transformers' sampling warpers, same order and tie rules: temperature, top-k, top-p.
+
+    `subset`: with top-k set, top-p sorts only the top-k survivors (the masked rest has probability 0 and never
+    changes the cumulative sums) instead of the whole vocabulary; ties at the k-th logit all survive, as in
+    transformers, so the survivors are the top m of each row, m the most survivors of any row. False: always the
+    whole vocabulary (kept to measure this lever)."""
     if temperature is not None and temperature != 1.0:
         logits = logits / temperature
+    top = None
     if top_k:
         k = min(top_k, logits.shape[-1])
-        kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+        top = torch.topk(logits, k, dim=-1)  # values sorted descending, with their token ids
+        kth = top.values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
+        m = int((logits > float("-inf")).sum(-1).max()) if subset else 0
+        top = None if not subset else top if m == k else torch.topk(logits, m, dim=-1)
     if top_p is not None and top_p < 1.0:
-        sorted_logits, sorted_idx = torch.sort(logits, descending=False, dim=-1)
+        if top is not None:
+            sorted_logits, sorted_idx = top.values.flip(-1), top.indices.flip(-1)  # ascending, as below
+        else:
+            sorted_logits, sorted_idx = torch.sort(logits, descending=False, dim=-1)
         cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
         remove = cum <= (1 - top_p)
         remove[..., -1:] = False  # keep at least one token
-        logits = logits.masked_fill(remove.scatter(-1, sorted_idx, remove), float("-inf"))
+        drop = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, sorted_idx, remove)
+        logits = logits.masked_fill(drop, float("-inf"))
     return logits
 
 
@@ -209,7 +224,7 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
            temperature: float, top_k: int | None, top_p: float, eos_token_id: int | None,
            pad_token_id: int | None, on_step: Callable[[int], None] | None = None,
            compute_dtype: torch.dtype | None = None, share_prefill: bool = True,
-           step_mode: str = "auto") -> torch.Tensor:
+           step_mode: str = "auto", fused: bool = True) -> torch.Tensor:
     """Sampled continuations of left-padded prompts.
 
     input_ids, attention_mask: [B, P]. Returns [B, T] new tokens (T ≤ max_new_tokens), pad after EOS.
@@ -220,6 +235,9 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     `share_prefill`: prefill each distinct prompt once (False: every row; the same tokens either way, kept for the
     benchmark of this lever).
     `step_mode` (see STEP_MODES): how each decode step runs; 'auto' = 'cuda_graph' on a CUDA device, else 'dynamic'.
+    `fused`: RMSNorm as one `F.rms_norm` call (float32 weights) and top-p sorting only the top-k survivors instead
+    of the vocabulary — the same arithmetic up to float rounding (float32: the same tokens as `generate`, tested);
+    False: op by op (kept to measure this lever, bench_levers decode_fused).
     """
     cfg, inner = model.config, model.model
     B, P = input_ids.shape
@@ -259,7 +277,7 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
         `attend(li, q, k, v)` writes layer li's keys/values to the cache and returns the attention output."""
         b, n = x.shape[:2]
         for li, w in enumerate(layers):
-            h = _rms(w["ln1"], x).to(dt)
+            h = _rms(w["ln1"], x, fused).to(dt)
             qkv = F.linear(h, w["qkv_w"], w["qkv_b"]).to(wide)
             q = qkv[..., :q_size].view(b, n, n_heads, hd).transpose(1, 2)
             k = qkv[..., q_size:q_size + kv_size].view(b, n, n_kv, hd).transpose(1, 2)
@@ -267,9 +285,9 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
             q, k = _rotate(q, c, s), _rotate(k, c, s)
             a = attend(li, q, k, v)
             x = x + F.linear(a.transpose(1, 2).reshape(b, n, q_size).to(dt), w["o_w"], w["o_b"]).to(wide)
-            gu = F.linear(_rms(w["ln2"], x).to(dt), w["gu_w"])
+            gu = F.linear(_rms(w["ln2"], x, fused).to(dt), w["gu_w"])
             x = x + F.linear(F.silu(gu[..., :w["inter"]]) * gu[..., w["inter"]:], w["d_w"]).to(wide)
-        return F.linear(_rms(final_norm, x[:, -1]).to(dt), lm_w, lm_b)
+        return F.linear(_rms(final_norm, x[:, -1], fused).to(dt), lm_w, lm_b)
 
     def forward(x, start, n, mask, rows, kc, vc):
         """Hidden states x [b, n, H] of batch rows `rows` (None = all) at cache slots start..start+n-1 (written to
@@ -321,7 +339,7 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     step = _stepper(step_mode, dev, dynamic_step, static_step, B, P)
     t = 0
     while True:
-        probs = _warp(logits.float(), temperature, top_k, top_p).softmax(dim=-1)
+        probs = _warp(logits.float(), temperature, top_k, top_p, subset=fused).softmax(dim=-1)
         nxt = torch.multinomial(probs, num_samples=1).squeeze(1)
         if pad_token_id is not None:
             nxt = torch.where(done, torch.full_like(nxt, pad_token_id), nxt)

@@ -27,8 +27,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-STAGE_VERSION = "3"
-"""Version of the segment loop's keys: 3 = keys computed from the declared inputs below (2: hand-built specs)."""
+STAGE_VERSION = "4"
+"""Version of the segment loop's keys: 4 = the sampler's fused top-p and RMSNorm (bf16-matmul runs sample other
+tokens than before); 3 = keys computed from the declared inputs below (2: hand-built specs)."""
 
 # --- inputs of each artifact kind ---------------------------------------------------------------------
 
