@@ -12,8 +12,9 @@ Per seed, on the quiet 2-core machine, one side after the other (each in a fresh
   template and system prompts included) and the peer's formatters return that text — with the same sampling,
   learning rate and reward, in `--peer-config` (bench_magrpo's PEER_CONFIGS; mp-t1, its parallel mode with one
   torch thread per agent, was its fastest on this machine), then saves its agents;
-- coopflow's evaluator scores the peer's saved agents exactly as it scored its own final checkpoint (same eval
-  posts, samples, sampling settings and eval seed), so "after" is measured one way for both sides.
+- one evaluator scores every side: coopflow's evaluation of the start model, of coopflow's final checkpoint and of
+  the peer's saved agents, with the same eval posts, samples, sampling settings and eval seed, in the weights' own
+  dtype (float32, whatever the training mode computed in), so "before" and "after" are measured one way.
 
 Both sides load the same model files (bench_real's copy of the catalog's SmolLM2-135M-Instruct with pad token
 `<|endoftext|>`; with pad == eos as shipped, the peer generates empty strings). Wall time = training seconds
@@ -47,7 +48,7 @@ from coopflow.stages.loops.run import run_direct
 s = run_direct(validate_config(json.load(open(sys.argv[1]))))
 print("BENCH_RESULT " + json.dumps({"env_steps": s["env_steps"], "train_seconds": s["train_seconds"],
       "reward_first": s["reward_first"], "reward_last": s["reward_last"], "before": s["eval_before"],
-      "after": s["eval"], "seconds": s["seconds"]}))
+      "after": s["eval"], "seconds": s["seconds"], "checkpoint": s["checkpoint"]}))
 """
 
 EVAL_CHILD = r"""
@@ -107,15 +108,21 @@ def rendered_items(cfg: dict) -> tuple[list[dict], dict]:
 
 def coopflow_run(cfg: dict, mode: str, tmp: Path, a) -> dict:
     trainer_mode, dtype = R.mode_settings(mode)
-    cfg = json.loads(json.dumps(cfg))
-    cfg["agents"]["compute_dtype"] = dtype
-    cfg["agents"]["torch_threads"] = 1 if mode.startswith("mp") else 2
-    cfg["trainer"].update(trainer_mode)
+    run_cfg = json.loads(json.dumps(cfg))
+    run_cfg["agents"]["compute_dtype"] = dtype
+    run_cfg["agents"]["torch_threads"] = 1 if mode.startswith("mp") else 2
+    run_cfg["trainer"].update(trainer_mode)
     f = tmp / f"cfg-{mode}-{cfg['seed']}.json"
-    f.write_text(json.dumps(cfg))
+    f.write_text(json.dumps(run_cfg))
     B.wait_quiet(a.quiet_wait)
     B.log(f"seed {cfg['seed']}: coopflow {mode}")
-    return R.run_child([sys.executable, "-c", COOPFLOW_CHILD, str(f)], B.child_env(), 7200)
+    r = R.run_child([sys.executable, "-c", COOPFLOW_CHILD, str(f)], B.child_env(), 7200)
+    if r.get("checkpoint"):  # the in-run evaluation ran in the mode's compute dtype: score the weights as the peer's
+        r["run_before"], r["run_after"] = r.pop("before", None), r.pop("after", None)
+        ck = Path(r["checkpoint"])
+        r["after"] = evaluate_agents(cfg, [str(ck / f"agent_{i}") for i in range(cfg["agents"]["num_agents"])], tmp,
+                                     f"{mode}-{cfg['seed']}")
+    return r
 
 
 def peer_run(cfg: dict, peer_py: Path, tmp: Path, a) -> dict:
@@ -132,18 +139,27 @@ def peer_run(cfg: dict, peer_py: Path, tmp: Path, a) -> dict:
                      str(REPO / "bench" / "peer_learn.py"), str(spec), str(out)], env, 7200)
     r.pop("peer_calls", None)
     if r.get("train_seconds"):  # coopflow's evaluator on the peer's saved agents
-        ecfg = json.loads(json.dumps(cfg))
-        ecfg["agents"].pop("agent_model", None)
-        ecfg["agents"]["agents"] = [str(out / f"agent_{i}") for i in range(cfg["agents"]["num_agents"])]
-        ecfg["data_dir"] = str(tmp / f"peer-eval-{cfg['seed']}")
-        f = tmp / f"peer-eval-{cfg['seed']}.json"
-        f.write_text(json.dumps(ecfg))
-        ev = R.run_child([sys.executable, "-c", EVAL_CHILD, str(f)], B.child_env(), 7200)
-        r["after"] = ev.get("after")
-        if r["after"] is None:
-            r["eval_error"] = ev.get("stderr")
+        r["after"] = evaluate_agents(cfg, [str(out / f"agent_{i}") for i in range(cfg["agents"]["num_agents"])],
+                                     tmp, f"peer-{cfg['seed']}")
     shutil.rmtree(out, ignore_errors=True)
     return r
+
+
+def evaluate_agents(cfg: dict, agent_dirs: list[str], tmp: Path, tag: str) -> dict | None:
+    """coopflow's evaluator on these agent dirs: the config's eval posts, samples, sampling and eval seed, in the
+    weights' own dtype (float32), so every side's policies are scored the same way."""
+    ecfg = json.loads(json.dumps(cfg))
+    ecfg["agents"].pop("agent_model", None)
+    ecfg["agents"].pop("compute_dtype", None)
+    ecfg["agents"]["agents"] = list(agent_dirs)
+    ecfg["data_dir"] = str(tmp / f"eval-{tag}")
+    f = tmp / f"eval-{tag}.json"
+    f.write_text(json.dumps(ecfg))
+    ev = R.run_child([sys.executable, "-c", EVAL_CHILD, str(f)], B.child_env(), 7200)
+    shutil.rmtree(tmp / f"eval-{tag}", ignore_errors=True)
+    if ev.get("after") is None:
+        B.log(f"evaluation of {tag} failed: {(ev.get('stderr') or '')[-800:]}")
+    return ev.get("after")
 
 
 def mean_se(xs: list[float]) -> str:
@@ -154,17 +170,19 @@ def mean_se(xs: list[float]) -> str:
 
 
 def report(results: dict, seeds: list[int]) -> None:
-    before = [r["before"][REWARD_KEY] for side, runs in results.items() if side != "peer" for r in runs.values()
-              if r.get("before")][:len(seeds)]
-    print(f"\n{REWARD_KEY} on the eval posts, mean ± standard error over seeds {seeds}")
-    print(f"  before training (the shared start model): {mean_se(before)}  ({', '.join(f'{x:.3f}' for x in before)})")
+    start = [r["after"][REWARD_KEY] for r in results.get("start", {}).values() if r.get("after")]
+    print(f"\n{REWARD_KEY} on the eval posts (coopflow's evaluator, float32, the run's eval seed), mean ± standard "
+          f"error over seeds {seeds}")
+    print(f"  {'start model':14s}: {mean_se(start)}  ({', '.join(f'{x:.3f}' for x in start)})")
     secs = {}
     for side, runs in results.items():
+        if side == "start":
+            continue
         after = [r["after"][REWARD_KEY] for r in runs.values() if r.get("after")]
         train = [r["train_seconds"] for r in runs.values() if r.get("train_seconds")]
         secs[side] = statistics.mean(train) if train else None
-        print(f"  {side:12s} after: {mean_se(after)}  ({', '.join(f'{x:.3f}' for x in after)})  training seconds "
-              f"{mean_se(train)}  reward first→last fifth "
+        print(f"  {side:14s}: after {mean_se(after)}  ({', '.join(f'{x:.3f}' for x in after)})  training seconds "
+              f"{mean_se(train)}  training reward first→last fifth "
               + ", ".join(f"{r.get('reward_first', 0):.2f}→{r.get('reward_last', 0):.2f}" for r in runs.values()
                           if r.get("train_seconds")))
     if secs.get("peer"):
@@ -193,6 +211,9 @@ def main() -> int:
     try:
         for seed in a.seeds:
             cfg = base_config(a.config, seed, tmp / f"data-{seed}", a.set)
+            B.wait_quiet(a.quiet_wait)
+            results.setdefault("start", {})[seed] = {"after": evaluate_agents(
+                cfg, [str(R.MODEL)] * cfg["agents"]["num_agents"], tmp, f"start-{seed}")}
             for mode in a.modes:
                 cfg_m = dict(cfg, data_dir=str(tmp / f"data-{mode}-{seed}"))
                 results.setdefault(mode, {})[seed] = r = coopflow_run(cfg_m, mode, tmp, a)
