@@ -438,10 +438,7 @@ def run_peer(peer_py: Path, w: dict, timeout: float, seed: int = 0, config: str 
         res["config"] = config
         calls = (parse_json_line(r["stdout"], "PEER_WORK ") or {}).get("calls")
         if calls:
-            work = flops.Work()
-            shape = flops.Shape.of(MODELS / w["model"])
-            for c in calls:
-                work.add_call(shape, c["distinct"], [tuple(x) for x in c["rows"]])
+            work = flops.Work.of_calls(flops.Shape.of(MODELS / w["model"]), calls)
             res["work"] = work.as_dict()
             res["gflops"] = flops.rates(work, {"train": dt})
     r["result"] = res

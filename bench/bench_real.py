@@ -237,9 +237,7 @@ def main() -> int:
                     r["config"] = pc
                     calls = r.pop("peer_calls", None)
                     if calls and r.get("train_seconds"):
-                        work = flops.Work()
-                        for c in calls:
-                            work.add_call(shape, c["distinct"], [tuple(x) for x in c["rows"]])
+                        work = flops.Work.of_calls(shape, calls)
                         r["work"], r["gflops"] = work.as_dict(), flops.rates(work, {"train": r["train_seconds"]})
                     results.setdefault(task, {}).setdefault(f"peer:{pc}", []).append(r)
                     B.log(f"  {r}")

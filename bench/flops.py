@@ -91,6 +91,15 @@ class Work:
         self.prompt_tokens += sum(distinct_prompt_lengths)
         self.sampled_tokens += sum(c for _, c in rows)
 
+    @staticmethod
+    def of_calls(shape: Shape, calls: list[dict]) -> "Work":
+        """The work of recorded generate calls ({'distinct': [prompt lengths], 'rows': [[prompt length, sampled]]},
+        as bench/peer_run.py prints them)."""
+        work = Work()
+        for c in calls:
+            work.add_call(shape, c["distinct"], [tuple(x) for x in c["rows"]])
+        return work
+
     def as_dict(self) -> dict:
         return {"generate_gflop": round(self.generate / 1e9, 2), "update_gflop": round(self.update / 1e9, 2),
                 "total_gflop": round(self.total / 1e9, 2), "generate_calls": self.calls,

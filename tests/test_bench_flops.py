@@ -41,6 +41,8 @@ def test_a_generate_call_counts_prompts_once_and_each_sampled_token(tmp_path):
     assert w.update == pytest.approx(3 * loss)
     assert (w.calls, w.prompt_tokens, w.sampled_tokens) == (1, 3, 3)
     assert flops.rates(w, {"generate": 2.0, "train": 0.0}) == {"generate_gflops": round(w.generate / 2.0 / 1e9, 1)}
+    # the same call as bench/peer_run.py records it
+    assert flops.Work.of_calls(s, [{"distinct": [3], "rows": [[3, 2], [3, 1]]}]).as_dict() == w.as_dict()
 
 
 def test_a_coopflow_runs_work_is_read_from_its_rollouts(tmp_path, tiny_model_dir):
