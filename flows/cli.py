@@ -682,6 +682,9 @@ def _serve(args) -> int:
               f"  prefect deployment run 'train-magrpo/{args.name}' --params '{{\"config_path\": \"...\"}}' --watch",
               file=sys.stderr)
         serve_all(args.name, cron=args.cron, interval=args.interval, config_path=args.config)
+        # serving only ends on a signal: once Prefect's runner is up it catches Ctrl-C / SIGTERM itself, shuts down
+        # and returns here (before that, the KeyboardInterrupt reaches the handler below); both end the same way
+        raise KeyboardInterrupt
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM
         print("coopflow serve: stopped" + ("; stopping the Prefect server it started" if server is not None
                                             and not args.keep_server else ""), file=sys.stderr)
