@@ -662,6 +662,10 @@ def stop_server(proc: subprocess.Popen, home: Path) -> None:
     (home / SERVER_RECORD).unlink(missing_ok=True)
 
 
+SERVE_STOP_GRACE_S = 60.0
+"""How long `coopflow serve` waits, after Ctrl-C or SIGTERM, for Prefect's runner to shut down cleanly."""
+
+
 def _serve(args) -> int:
     from coopflow.flows.env import configure
 
@@ -669,8 +673,31 @@ def _serve(args) -> int:
     # served runs share this machine: each derives its torch threads from the CPUs // the runs at once
     os.environ.setdefault("COOPFLOW_CONCURRENT_RUNS", os.environ.get("PREFECT_RUNNER_PROCESS_LIMIT", "5"))
     import signal
+    import threading
 
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM ends `serve` as Ctrl-C does: cleanly
+    server = None
+    stopping = threading.Event()
+
+    def interrupt(signum, frame):
+        """Ctrl-C and SIGTERM: a KeyboardInterrupt, as usual, and a deadline: Prefect's runner can swallow one
+        interrupt during its start-up or shutdown (seen on a busy machine: serve kept running), so if the clean
+        path has not ended `serve` within SERVE_STOP_GRACE_S, the server is stopped and the process exits 130."""
+        if not stopping.is_set():
+            stopping.set()
+            threading.Thread(target=deadline, daemon=True).start()
+        raise KeyboardInterrupt
+
+    def deadline():
+        time.sleep(SERVE_STOP_GRACE_S)
+        print(f"coopflow serve: stopped (the Prefect runner did not shut down within {SERVE_STOP_GRACE_S:.0f} s)",
+              file=sys.stderr, flush=True)
+        if server is not None and not args.keep_server:
+            stop_server(server, Path(os.environ["PREFECT_HOME"]))
+        os._exit(130)
+
+    # our own handler (not default_int_handler), so asyncio's runner keeps it instead of installing its own
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)  # SIGTERM ends `serve` as Ctrl-C does: cleanly
     url, server = ensure_server(args.port, ui=not args.no_ui, keep=args.keep_server)
     try:
         from coopflow.flows.serve import serve_all

@@ -168,6 +168,46 @@ def test_the_server_serve_starts_stops_with_it(tmp_path, sig):
 
 
 @pytest.mark.slow
+def test_serve_ends_within_its_grace_when_the_runner_swallows_the_interrupt(tmp_path):
+    """Prefect's runner can swallow a Ctrl-C during its start-up or shutdown (CI saw `serve` keep running for 180 s):
+    past SERVE_STOP_GRACE_S, serve stops its server and exits 130 anyway."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    port = _free_port()
+    log_path = tmp_path / "serve.log"
+    code = ("import sys, time\n"
+            "import coopflow.flows.cli as C, coopflow.flows.serve as S\n"
+            "C.SERVE_STOP_GRACE_S = 3.0\n"
+            "def stubborn(*a, **k):\n"
+            "    print('serving deployments', file=sys.stderr, flush=True)\n"
+            "    while True:\n"
+            "        try:\n"
+            "            time.sleep(0.2)\n"
+            "        except KeyboardInterrupt:\n"
+            "            pass\n"
+            "S.serve_all = stubborn\n"
+            f"sys.exit(C.main(['serve', '--no-ui', '--port', '{port}']))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME", "MLFLOW_TRACKING_URI")}
+    env.update(COOPFLOW_HOME=str(tmp_path / "home"))
+    with open(log_path, "w") as log:
+        p = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=log, stderr=log, start_new_session=True)
+        try:
+            rec = _wait_for_record(tmp_path / "home", p, log_path)
+            t0 = time.time()
+            p.send_signal(signal.SIGINT)
+            assert p.wait(timeout=60) == 130 and time.time() - t0 < 40
+            assert _gone(rec["pid"]), "the server outlived `coopflow serve`"
+            assert "did not shut down within 3 s" in log_path.read_text()
+        finally:
+            if p.poll() is None:
+                p.kill()
+
+
+@pytest.mark.slow
 def test_two_data_dirs_never_share_a_prefect_server(tmp_path):
     """A `coopflow serve` of data dir B finds data dir A's server on its port: it says so and starts B's own on a
     free port (it used to attach to A's, recording B's deployments and runs in A's Prefect DB); --keep-server
