@@ -7,7 +7,7 @@ Per seed, on the quiet 2-core machine, one side after the other (each in a fresh
 
 - coopflow trains the config as shipped (1 epoch over the 12 train posts, K=4, 160 tokens, rbs 2: 6 updates per
   agent, lr 1e-5) in each `--modes` mode (bench_real's modes: mp = a worker process per agent, -bf16 = bf16
-  matmuls), evaluating the start policies and the final checkpoint on the 4 eval posts with the run's eval seed;
+  matmuls);
 - the peer trains the same number of updates on the same prompts — coopflow's formatters render them (chat
   template and system prompts included) and the peer's formatters return that text — with the same sampling,
   learning rate and reward, in `--peer-config` (bench_magrpo's PEER_CONFIGS; mp-t1, its parallel mode with one
@@ -47,8 +47,8 @@ from coopflow.schemas.config import validate_config
 from coopflow.stages.loops.run import run_direct
 s = run_direct(validate_config(json.load(open(sys.argv[1]))))
 print("BENCH_RESULT " + json.dumps({"env_steps": s["env_steps"], "train_seconds": s["train_seconds"],
-      "reward_first": s["reward_first"], "reward_last": s["reward_last"], "before": s["eval_before"],
-      "after": s["eval"], "seconds": s["seconds"], "checkpoint": s["checkpoint"]}))
+      "reward_first": s["reward_first"], "reward_last": s["reward_last"], "run_eval": s["eval"],
+      "seconds": s["seconds"], "checkpoint": s["checkpoint"]}))
 """
 
 EVAL_CHILD = r"""
@@ -72,8 +72,7 @@ def base_config(path: str, seed: int, data_dir: Path, overrides: list[str]) -> d
     """The shipped config as a dict, on the shared model copy, with this seed and data dir."""
     from coopflow.schemas.config import load_config
 
-    cfg = load_config(path, [*overrides, f"seed={seed}", f"data_dir={data_dir}", "eval_before=true"],
-                      algorithm="magrpo")
+    cfg = load_config(path, [*overrides, f"seed={seed}", f"data_dir={data_dir}"], algorithm="magrpo")
     d = cfg.model_dump(mode="json", exclude_unset=True)
     d["algorithm"] = "magrpo"
     d["agents"]["agent_model"] = str(R.MODEL)
@@ -117,8 +116,7 @@ def coopflow_run(cfg: dict, mode: str, tmp: Path, a) -> dict:
     B.wait_quiet(a.quiet_wait)
     B.log(f"seed {cfg['seed']}: coopflow {mode}")
     r = R.run_child([sys.executable, "-c", COOPFLOW_CHILD, str(f)], B.child_env(), 7200)
-    if r.get("checkpoint"):  # the in-run evaluation ran in the mode's compute dtype: score the weights as the peer's
-        r["run_before"], r["run_after"] = r.pop("before", None), r.pop("after", None)
+    if r.get("checkpoint"):  # its own evaluation ran in the mode's compute dtype: score the weights as the peer's
         ck = Path(r["checkpoint"])
         r["after"] = evaluate_agents(cfg, [str(ck / f"agent_{i}") for i in range(cfg["agents"]["num_agents"])], tmp,
                                      f"{mode}-{cfg['seed']}")

@@ -83,37 +83,33 @@ def lever_decode_bf16(model, tok, a) -> dict:
             "tokens_per_s_base": a.rows * a.tokens / tb, "tokens_per_s_lever": a.rows * a.tokens / tl}
 
 
-def lever_decode_fused(model, tok, a) -> dict:
-    """sample(fused=True): F.rms_norm, top-p over the top-k survivors; bf16 matmuls,
-    the runs' sampling settings (T 0.8, top-k 50, top-p 0.95), HumanEval-length prompts."""
+def _decode_ab(model, tok, a, flag: str, sampling=(1.0, 50, 1.0)) -> dict:
+    """The decode loop on HumanEval-length prompts with bf16 matmuls, `flag` off (baseline) and on (lever), timed
+    interleaved; both arms' tokens compared. `sampling` = (temperature, top-k, top-p)."""
     from coopflow.stages.agents.decode import sample
 
     enc = tok(_humaneval_like(tok, a.rows), return_tensors="pt", padding=True)
 
-    def run(fused):
+    def run(on):
         torch.manual_seed(0)
-        return sample(model, enc["input_ids"], enc["attention_mask"], a.tokens, 0.8, 50, 0.95, None, tok.pad_token_id,
-                      compute_dtype=torch.bfloat16, fused=fused)
+        return sample(model, enc["input_ids"], enc["attention_mask"], a.tokens, *sampling, None, tok.pad_token_id,
+                      compute_dtype=torch.bfloat16, **{flag: on})
 
     tb, tl = interleave(lambda: run(False), lambda: run(True), a.repeats)
     x, y = run(False), run(True)
-    return {"base_s": tb, "lever_s": tl, "same_tokens": bool(torch.equal(x, y)),
-            "token_agreement": round((x == y).float().mean().item(), 3)}
+    return {"base_s": tb, "lever_s": tl, "prompt_tokens": enc["input_ids"].shape[1],
+            "same_tokens": bool(torch.equal(x, y)), "token_agreement": round((x == y).float().mean().item(), 3)}
+
+
+def lever_decode_fused(model, tok, a) -> dict:
+    """sample(fused=True): F.rms_norm, top-p over the top-k survivors, with the runs' sampling settings (T 0.8,
+    top-k 50, top-p 0.95)."""
+    return _decode_ab(model, tok, a, "fused", (0.8, 50, 0.95))
 
 
 def lever_prefill_shared(model, tok, a) -> dict:
-    from coopflow.stages.agents.decode import sample
-
-    enc = tok(_humaneval_like(tok, a.rows), return_tensors="pt", padding=True)
-
-    def run(share):
-        torch.manual_seed(0)
-        return sample(model, enc["input_ids"], enc["attention_mask"], a.tokens, 1.0, 50, 1.0, None, tok.pad_token_id,
-                      compute_dtype=torch.bfloat16, share_prefill=share)
-
-    tb, tl = interleave(lambda: run(False), lambda: run(True), a.repeats)
-    same = bool(torch.equal(run(False), run(True)))
-    return {"base_s": tb, "lever_s": tl, "prompt_tokens": enc["input_ids"].shape[1], "same_tokens": same}
+    """sample(share_prefill=True): each distinct prompt prefilled once (4 prompts x rows/4 samples)."""
+    return _decode_ab(model, tok, a, "share_prefill")
 
 
 def _step_mode(model, tok, a, mode: str) -> dict:

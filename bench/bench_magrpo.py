@@ -205,11 +205,9 @@ def child_direct(spec: dict) -> None:
 
 def _add_work(summary: dict, data_dir: Path, model_dir: str) -> dict:
     """The run's matmul work (bench/flops.py) and the GFLOP/s it achieved per phase and over its train seconds."""
-    work = flops.coopflow_work(data_dir, model_dir)
     t = summary.get("timing") or {}
-    summary["work"] = work.as_dict()
-    summary["gflops"] = flops.rates(work, {"generate": t.get("generate_s"), "update": t.get("update_s"),
-                                           "train": summary.get("train_seconds")})
+    summary.update(flops.record(flops.coopflow_work(data_dir, model_dir), {
+        "generate": t.get("generate_s"), "update": t.get("update_s"), "train": summary.get("train_seconds")}))
     return summary
 
 
@@ -438,9 +436,7 @@ def run_peer(peer_py: Path, w: dict, timeout: float, seed: int = 0, config: str 
         res["config"] = config
         calls = (parse_json_line(r["stdout"], "PEER_WORK ") or {}).get("calls")
         if calls:
-            work = flops.Work.of_calls(flops.Shape.of(MODELS / w["model"]), calls)
-            res["work"] = work.as_dict()
-            res["gflops"] = flops.rates(work, {"train": dt})
+            res.update(flops.record(flops.Work.of_calls(flops.Shape.of(MODELS / w["model"]), calls), {"train": dt}))
     r["result"] = res
     return r
 

@@ -237,8 +237,7 @@ def main() -> int:
                     r["config"] = pc
                     calls = r.pop("peer_calls", None)
                     if calls and r.get("train_seconds"):
-                        work = flops.Work.of_calls(shape, calls)
-                        r["work"], r["gflops"] = work.as_dict(), flops.rates(work, {"train": r["train_seconds"]})
+                        r.update(flops.record(flops.Work.of_calls(shape, calls), {"train": r["train_seconds"]}))
                     results.setdefault(task, {}).setdefault(f"peer:{pc}", []).append(r)
                     B.log(f"  {r}")
                     if r.get("env_steps_per_s") and (best is None or r["env_steps_per_s"] > best["env_steps_per_s"]):
@@ -246,21 +245,16 @@ def main() -> int:
                 results.setdefault(task, {}).setdefault("peer", []).append(best or {})
             for mode in a.modes:
                 cfg_file = tmp / f"cfg-{task}-{mode}-{rep}.json"
-                cfg_file.write_text(json.dumps(coopflow_config(task, tmp / f"{task}.jsonl",
-                                                               tmp / f"data-{task}-{mode}-{rep}", a, mode)))
+                data_dir = tmp / f"data-{task}-{mode}-{rep}"
+                cfg_file.write_text(json.dumps(coopflow_config(task, tmp / f"{task}.jsonl", data_dir, a, mode)))
                 B.wait_quiet(a.quiet_wait)
                 B.log(f"{task} #{rep}: coopflow {mode}")
                 r = run_child([sys.executable, "-c", COOPFLOW_CHILD, str(cfg_file), str(REPO / "bench")], env, 7200)
-                data_dir = tmp / f"data-{task}-{mode}-{rep}"
-                if r.get("env_steps"):
-                    timing = B._loop_timing(data_dir)
-                    work = flops.coopflow_work(data_dir, MODEL)
-                    r["timing"], r["work"] = timing, work.as_dict()
-                    r["gflops"] = flops.rates(work, {"generate": timing.get("generate_s"),
-                                                     "update": timing.get("update_s"), "train": r["train_seconds"]})
+                if r.get("env_steps"):  # bench_magrpo's stage timing and work figures, from the run's data dir
+                    B._add_work(B._add_loop_rate(r, data_dir), data_dir, MODEL)
                 results.setdefault(task, {}).setdefault(mode, []).append(r)
                 B.log(f"  {r}")
-                shutil.rmtree(tmp / f"data-{task}-{mode}-{rep}", ignore_errors=True)  # checkpoints are ~1.6 GB
+                shutil.rmtree(data_dir, ignore_errors=True)  # checkpoints are ~1.6 GB
     Path(a.out).parent.mkdir(exist_ok=True)
     Path(a.out).write_text(json.dumps({"args": vars(a), "matmul_peak_gflops": peaks, "results": results}, indent=1))
     print(f"\nSmolLM2-135M-Instruct x 2, {a.items} items, K={a.k}, {a.tokens} tokens, rbs {a.rbs}; coopflow "

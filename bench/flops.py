@@ -134,6 +134,11 @@ def rates(work: Work, seconds: dict) -> dict:
     return out
 
 
+def record(work: Work, seconds: dict) -> dict:
+    """{'work': ..., 'gflops': ...}: what a bench stores of a side's work and the rates it achieved."""
+    return {"work": work.as_dict(), "gflops": rates(work, seconds)}
+
+
 def matmul_peak(dtype: str = "float32", threads: int = 2, n: int = 2048, repeats: int = 5) -> float:
     """Dense n x n matmul GFLOP/s on this machine with `threads` torch threads (median of `repeats`)."""
     import torch

@@ -139,12 +139,12 @@ def _warp(logits, temperature: float, top_k: int | None, top_p: float, subset: b
     if top_k:
         k = min(top_k, logits.shape[-1])
         top = torch.topk(logits, k, dim=-1)  # values sorted descending, with their token ids
-        kth = top.values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-        m = int((logits > float("-inf")).sum(-1).max()) if subset else 0
-        top = None if not subset else top if m == k else torch.topk(logits, m, dim=-1)
+        logits = logits.masked_fill(logits < top.values[..., -1:], float("-inf"))
     if top_p is not None and top_p < 1.0:
-        if top is not None:
+        if subset and top is not None:
+            m = int((logits > float("-inf")).sum(-1).max())  # ties at the k-th logit survived too
+            if m > top.values.shape[-1]:
+                top = torch.topk(logits, m, dim=-1)
             sorted_logits, sorted_idx = top.values.flip(-1), top.indices.flip(-1)  # ascending, as below
         else:
             sorted_logits, sorted_idx = torch.sort(logits, descending=False, dim=-1)
