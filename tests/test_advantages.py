@@ -178,3 +178,70 @@ def test_compute_advantages_count_aligned_three_agents_normalized():
     for r in rows:
         assert r["return"] == R4[r["sample"]]
         assert r["advantage"] == pytest.approx([-2 / s, -1 / s, 0.0, 3 / s][r["sample"]], abs=1e-9)
+
+
+# --- normalization scopes: group (CoMLRL), agent (Dr. MAS), batch (REINFORCE++) ----------------------
+
+
+def _cross_two_nodes():
+    """Two nodes of the cross example above: mean-advantages agent 0 [-2, 2], agent 1 [-1, 1] at both nodes;
+    returns agent 0 [3, 7] / [23, 27], agent 1 [4, 6] / [24, 26]."""
+    scores = []
+    for node_id, base in ((0, 0.0), (1, 10.0)):
+        for combo, r in (((0, 0), 1.0), ((0, 1), 2.0), ((1, 0), 3.0), ((1, 1), 4.0)):
+            scores.append(_score(combo, base + r, step=5, node_id=node_id))
+    return scores, {(5, 0, 0): 0, (5, 0, 1): 1}
+
+
+def _by_scope(mode, scope, normalize=True):
+    scores, items = _cross_two_nodes()
+    rows = compute_advantages(scores, items, num_agents=2, k=2, joint_mode="cross", mode=mode, normalize=normalize,
+                              scope=scope)
+    return {(r["node_id"], r["agent"], r["sample"]): r["advantage"] for r in rows}
+
+
+def test_group_scope_normalizes_each_node_and_agent_alone():
+    A = _by_scope("mean", "group")
+    assert [A[(n, a, s)] for n in (0, 1) for a in (0, 1) for s in (0, 1)] == pytest.approx([-1.0, 1.0] * 4)
+
+
+def test_agent_scope_uses_each_agents_own_statistics():
+    # agent 0 pools [-2, 2, -2, 2] (std 2), agent 1 pools [-1, 1, -1, 1] (std 1): both become ±1
+    A = _by_scope("mean", "agent")
+    assert [A[(n, 0, s)] for n in (0, 1) for s in (0, 1)] == pytest.approx([-1.0, 1.0, -1.0, 1.0])
+    assert [A[(n, 1, s)] for n in (0, 1) for s in (0, 1)] == pytest.approx([-1.0, 1.0, -1.0, 1.0])
+
+
+def test_batch_scope_shares_one_set_of_statistics():
+    # pool [-2, 2, -1, 1] x 2: mean 0, population variance (4 + 4 + 1 + 1) / 4 = 2.5
+    A = _by_scope("mean", "batch")
+    s = math.sqrt(2.5)
+    assert [A[(0, 0, 0)], A[(0, 0, 1)], A[(1, 0, 1)]] == pytest.approx([-2 / s, 2 / s, 2 / s])
+    assert [A[(0, 1, 0)], A[(1, 1, 1)]] == pytest.approx([-1 / s, 1 / s])
+
+
+def test_agent_scope_subtracts_the_agents_mean_over_the_batch():
+    # raw returns of agent 0: [3, 7, 23, 27]: mean 15, population variance (144 + 64 + 64 + 144) / 4 = 104
+    A = _by_scope("raw", "agent")
+    s = math.sqrt(104)
+    assert [A[(0, 0, 0)], A[(0, 0, 1)], A[(1, 0, 0)], A[(1, 0, 1)]] == pytest.approx(
+        [-12 / s, -8 / s, 8 / s, 12 / s])
+
+
+def test_scope_is_ignored_without_normalization():
+    assert _by_scope("mean", "agent", normalize=False) == _by_scope("mean", "group", normalize=False)
+    assert _by_scope("mean", "batch", normalize=False)[(0, 0, 1)] == 2.0
+
+
+def test_unknown_scope_names_the_setting():
+    scores, items = _cross_two_nodes()
+    with pytest.raises(ValueError, match="advantage_normalization_scope"):
+        compute_advantages(scores, items, 2, 2, "cross", "mean", True, scope="global")
+
+
+def test_advantage_stats_per_agent():
+    from coopflow.stages.score.advantages import advantage_stats
+
+    rows = [{"agent": 0, "advantage": v} for v in (-2.0, 2.0)] + [{"agent": 1, "advantage": v} for v in (0.0, 1.0)]
+    assert advantage_stats(rows, 2) == pytest.approx({"agent_0/advantage_mean": 0.0, "agent_0/advantage_std": 2.0,
+                                                      "agent_1/advantage_mean": 0.5, "agent_1/advantage_std": 0.5})

@@ -144,6 +144,10 @@ class MAGRPOConfig(_TrainerBase):
     joint_mode: str = Field("aligned", description="aligned (K joint actions) | cross (K^N, Cartesian product); "
                                                    "aliases align, crossed.")
     advantage_mode: str | None = Field(None, description="mean | raw | max | rloo; null = the algorithm's default.")
+    advantage_normalization_scope: Literal["group", "agent", "batch"] = Field(
+        "group", description="What advantage_normalization z-normalizes over: group (one node x agent, CoMLRL's) | "
+                             "agent (all of an agent's advantages in the update: Dr. MAS, arXiv 2602.08847) | batch "
+                             "(all agents' in the update: REINFORCE++-baseline, arXiv 2501.03262); coopflow extension.")
     loss_on_padding: bool = Field(
         True, description="The reference's exact loss: each completion padded to its node's longest with pad tokens, "
                           "pads scored, each padded row's last token not (CoMLRL 1.4.3); false: every completion "
@@ -153,6 +157,17 @@ class MAGRPOConfig(_TrainerBase):
                                 "as length-sorted chunks whose gradients add up before its one AdamW step, so peak "
                                 "activation memory follows the chunk (and sorted chunks pad less); null = the whole "
                                 "minibatch in one forward.")
+    num_policy_epochs: int = Field(
+        1, ge=1, description="Optimizer passes over each rollout buffer (1 = CoMLRL's single REINFORCE step); more "
+                             "reuse the samples through the ratio to the policy that sampled them (PPO-style; "
+                             "coopflow extension).")
+    clip_range: float | None = Field(
+        None, gt=0, lt=1, description="Clip that ratio to [1 - clip_range, 1 + clip_range] (PPO/GRPO's 0.2; GSPO uses "
+                                      "~3e-4 at ratio_level sequence); null = no ratio and no clipping when "
+                                      "num_policy_epochs is 1 (the reference's loss), an unclipped ratio otherwise.")
+    ratio_level: Literal["token", "sequence"] = Field(
+        "token", description="token: one ratio per token (PPO/GRPO as in TRL and verl) | sequence: GSPO's length-"
+                             "normalized sequence ratio (Zheng et al. 2025, arXiv 2507.18071).")
     collaboration_mode: str = Field(
         "decentralized", description="decentralized: one policy per agent | centralized: one joint actor writes "
                                      "every role's output in one completion, split by the run's centralized_adapter "

@@ -35,9 +35,9 @@ from coopflow.stages.planning.context import RunContext, formatters_for
 from coopflow.stages.planning.plan import Update, is_actor_critic
 from coopflow.stages.planning.keys import UpdateKeys, scores_key, update_keys
 from coopflow.stages.rollout.tree import generate_tree
-from coopflow.stages.score.advantages import compute_advantages, joint_returns, tree_children
+from coopflow.stages.score.advantages import advantage_stats, compute_advantages, joint_returns, tree_children
 from coopflow.stages.tasks.centralized import parse_failures, split_roles
-from coopflow.stages.update.policy_gradient import update_policies
+from coopflow.stages.update.policy_gradient import Objective, update_policies
 
 
 def score_or_load(ctx: RunContext, rows: list[dict], by_id: dict[int, dict], key: str,
@@ -363,7 +363,8 @@ def _baseline_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict],
         kls = ({(r["step"], r["turn"], r["node_id"], r["agent"], r["sample"]): r["ref_kl"] for r in rows}
                if t.reference_kl_enabled else None)
         adv = compute_advantages(scores, node_item, ctx.n, t.num_generations, t.joint_mode, cfg.advantage_mode,
-                                 t.advantage_normalization, kls, t.reference_kl_coef, children, t.discount)
+                                 t.advantage_normalization, kls, t.reference_kl_coef, children, t.discount,
+                                 t.advantage_normalization_scope)
         aref = ctx.store.put_table("advantages", keys.advantages, adv)
         ctx.session.calls["advantages"] += 1
     else:
@@ -372,7 +373,8 @@ def _baseline_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict],
     t1 = time.perf_counter()
     # centralized: the joint sequence log-prob (every joint token up to and including EOS), never the padded loss
     um = update_policies(pol, rows, adv, t.batch_size, cfg.seed, u.index, t.loss_on_padding and ctx.adapter is None,
-                         t.loss_chunk_tokens)
+                         t.loss_chunk_tokens, Objective(t.num_policy_epochs, t.clip_range, t.ratio_level))
+    um.update(advantage_stats(adv, ctx.n))
     ctx.session.calls["update"] += 1
     timing["update_s"] += time.perf_counter() - t1
     per_turn = turn_metrics(scores, rows, joint_returns(scores, children, t.discount),

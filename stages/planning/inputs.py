@@ -59,7 +59,8 @@ INPUTS: dict[str, tuple[str, ...]] = {
     "scores": ("reward.name", "reward.kwargs", "reward.processor", "trainer.joint_mode", "algorithm"),
     # MAGRPO family: returns and group-baseline advantages
     "advantages": ("reward.name", "reward.kwargs", "reward.processor", "trainer.joint_mode", "trainer.advantage_mode",
-                   "trainer.advantage_normalization", "trainer.reference_kl_enabled", "trainer.reference_kl_coef",
+                   "trainer.advantage_normalization", "trainer.advantage_normalization_scope",
+                   "trainer.reference_kl_enabled", "trainer.reference_kl_coef",
                    "trainer.discount", "algorithm"),
     # IAC / MAAC: value targets and advantages from the critic
     "ac_samples": ("reward.name", "reward.kwargs", "reward.processor", "algorithm", "trainer.critic_type",
@@ -67,6 +68,7 @@ INPUTS: dict[str, tuple[str, ...]] = {
                    "trainer.advantage_normalization"),
     # the policy after one update (its weights and optimizer state)
     "policy": ("seed", "trainer.agent_learning_rate", "trainer.train_batch_size", "trainer.loss_on_padding",
+               "trainer.num_policy_epochs", "trainer.clip_range", "trainer.ratio_level",
                "trainer.loss_chunk_tokens", "trainer.critic_learning_rate", "trainer.value_loss_coef",
                "trainer.value_clip_range"),
     # a segment's metric rows: what is logged, how often, and the periodic evaluations' settings
@@ -163,7 +165,9 @@ NO_EFFECT: dict[str, str] = {
 
 
 NOT_READ: dict[str, tuple[tuple[str, ...], str]] = {
-    "madpo": (("trainer.advantage_mode", "trainer.advantage_normalization", "trainer.early_termination_threshold",
+    "madpo": (("trainer.advantage_mode", "trainer.advantage_normalization", "trainer.advantage_normalization_scope",
+               "trainer.early_termination_threshold", "trainer.num_policy_epochs", "trainer.clip_range",
+               "trainer.ratio_level",
                "trainer.loss_chunk_tokens", "trainer.loss_on_padding", "trainer.reference_kl_coef",
                "trainer.reference_kl_enabled", "checkpoint_every"),
               "MADPO trains by DPO on its pairs: these MAGRPO settings of CoMLRL's MADPOConfig are accepted, not read"),

@@ -13,7 +13,16 @@ Advantage over the K returns R of one group (node × agent):
 - raw:   A = R                                   (MAREINFORCE)
 - max:   A = R − max(R)                          (MAReMax)
 - rloo:  A_k = R_k − mean_{l≠k} R_l              (MARLOO; G ≤ 1 falls back to mean)
-then, if normalization is on and G > 1: A ← (A − mean A) / max(std_pop(A), 1e-6).
+then, if normalization is on, A ← (A − mean A) / max(std_pop(A), 1e-6) over a scope
+(`advantage_normalization_scope`; a scope of one value is left as it is):
+- group: the G advantages of one node × agent (MAGRPO, CoMLRL's normalization; the default);
+- agent: all of one agent's advantages in the update (every node and turn of its rollout buffer) — Dr. MAS's
+  agent-wise normalization (Feng et al. 2026, arXiv 2602.08847): each agent's gradient scale follows its own
+  return statistics instead of one shared set;
+- batch: every agent's advantages in the update together — REINFORCE++-baseline's global normalization
+  (Hu 2025, arXiv 2501.03262: a group-mean baseline, then normalization over the whole batch).
+With one shared reward in aligned mode every agent sees the same returns, so agent and batch give the same
+numbers; they differ where agents' returns differ (per-agent local rewards, cross mode, the reference KL).
 """
 
 from collections import defaultdict
@@ -23,6 +32,14 @@ import torch
 from coopflow.stages.agents.reference_kl import apply_reference_kl
 
 ADVANTAGE_MODES = ("mean", "raw", "max", "rloo")
+NORMALIZATION_SCOPES = ("group", "agent", "batch")
+
+
+def z_normalize(A: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """(A − mean A) / max(std_pop(A), eps); a single value is returned unchanged."""
+    if A.numel() <= 1:
+        return A
+    return (A - A.mean()) / torch.clamp(A.std(unbiased=False), min=eps)
 
 
 def advantages(returns: torch.Tensor, mode: str, normalize: bool, eps: float = 1e-6) -> torch.Tensor:
@@ -39,9 +56,7 @@ def advantages(returns: torch.Tensor, mode: str, normalize: bool, eps: float = 1
         A = R - R.mean()
     else:
         raise ValueError(f"advantage_mode must be one of {ADVANTAGE_MODES}, got {mode!r}")
-    if normalize and G > 1:
-        A = (A - A.mean()) / torch.clamp(A.std(unbiased=False), min=eps)
-    return A
+    return z_normalize(A, eps) if normalize else A
 
 
 def tree_children(rollouts: list[dict]) -> dict[tuple, dict[int, tuple]]:
@@ -96,24 +111,49 @@ def per_agent_returns(scores: list[dict], num_agents: int, k: int, joint_mode: s
 def compute_advantages(scores: list[dict], item_of_node: dict[tuple, int], num_agents: int, k: int,
                        joint_mode: str, mode: str, normalize: bool, kls: dict[tuple, float] | None = None,
                        kl_coef: float = 0.0, children: dict[tuple, dict[int, tuple]] | None = None,
-                       discount: float = 1.0) -> list[dict]:
+                       discount: float = 1.0, scope: str = "group") -> list[dict]:
     """Advantage rows (schema `advantages`) for every node × agent × sample.
 
     With `kls` ({(step, turn, node_id, agent, sample): KL}), each return first becomes R − kl_coef·KL
     (the reference-KL adjustment, applied per agent to its own completions before the baseline); the
     stored `return` is the adjusted one. `children` (from `tree_children`) links multi-turn nodes.
+    `scope` (with `normalize`): group | agent | batch, see the module docstring.
     """
-    rows = []
+    if scope not in NORMALIZATION_SCOPES:
+        raise ValueError(f"advantage_normalization_scope must be one of {NORMALIZATION_SCOPES}, got {scope!r}")
     jr = joint_returns(scores, children, discount)
+    groups = []  # (node, agent, returns [K], advantages [K])
     for node, rets in sorted(per_agent_returns(scores, num_agents, k, joint_mode, jr).items()):
-        step, turn, node_id = node
         for a in range(num_agents):
             own = rets[a]
             if kls is not None:
                 own = apply_reference_kl(own, [kls[node + (a, s)] for s in range(k)], kl_coef)
             R = torch.tensor(own, dtype=torch.float64)
-            A = advantages(R, mode, normalize)
-            for s in range(k):
-                rows.append({"step": step, "item_id": item_of_node[node], "turn": turn, "node_id": node_id,
-                             "agent": a, "sample": s, "return": float(R[s]), "advantage": float(A[s])})
+            groups.append((node, a, R, advantages(R, mode, normalize and scope == "group")))
+    if normalize and scope != "group":  # one set of statistics per agent (agent) or for everything (batch)
+        pools = sorted({g[1] if scope == "agent" else 0 for g in groups})
+        for p in pools:
+            idx = [i for i, g in enumerate(groups) if (g[1] if scope == "agent" else 0) == p]
+            flat = z_normalize(torch.cat([groups[i][3] for i in idx]))
+            for j, i in enumerate(idx):
+                node, a, R, _ = groups[i]
+                groups[i] = (node, a, R, flat[j * k:(j + 1) * k])
+    rows = []
+    for node, a, R, A in groups:
+        step, turn, node_id = node
+        for s in range(k):
+            rows.append({"step": step, "item_id": item_of_node[node], "turn": turn, "node_id": node_id,
+                         "agent": a, "sample": s, "return": float(R[s]), "advantage": float(A[s])})
     return rows
+
+
+def advantage_stats(rows: list[dict], num_agents: int) -> dict[str, float]:
+    """`agent_i/advantage_mean` and `agent_i/advantage_std` (population) of one update's advantage rows: how
+    large each agent's policy-gradient weights are (what the normalization scope changes)."""
+    out = {}
+    for a in range(num_agents):
+        A = torch.tensor([r["advantage"] for r in rows if r["agent"] == a], dtype=torch.float64)
+        if A.numel():
+            out[f"agent_{a}/advantage_mean"] = float(A.mean())
+            out[f"agent_{a}/advantage_std"] = float(A.std(unbiased=False))
+    return out
