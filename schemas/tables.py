@@ -44,7 +44,8 @@ TABLES: dict[str, pa.Schema] = {
     "scores": _schema("scores", [
         ("step", _i64), ("item_id", _i64), ("turn", _i32), ("node_id", _i64), ("joint_idx", _i32),
         ("combo", pa.list_(_i32)), ("reward_raw", _f64), ("reward", _f64), ("env_step", _i64),
-        ("agent_rewards", pa.list_(_f64)),  # actor-critic: per-agent rewards (reward = their mean); else empty
+        ("agent_rewards", pa.list_(_f64)),  # actor-critic: per-agent rewards (reward = their mean); MAGRPO family:
+        # the per-agent local rewards of a reward that returns [team, local_1..N] (else empty)
     ]),
     "ac_samples": _schema("ac_samples", [
         ("step", _i64), ("item_id", _i64), ("turn", _i32), ("node_id", _i64), ("agent", _i32), ("sample", _i32),

@@ -98,7 +98,7 @@ def test_every_shipped_config_validates_for_its_flow():
             "marlhf-iter-story": "marlhf-iter", "magrpo-humaneval": "magrpo", "magrpo-tldr": "magrpo",
             "magrpo-arxiv": "magrpo", "magrpo-bfcl": "magrpo",
             "magrpo-gsm8k": "magrpo", "magrpo-completion": "magrpo",
-            "magrpo-travel": "magrpo", "magrpo-centralized-tldr": "magrpo"}
+            "magrpo-travel": "magrpo", "magrpo-centralized-tldr": "magrpo", "at-grpo-multiturn": "magrpo"}
     shipped = sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))
     assert set(shipped) <= set(algo), f"add the new config to this test: {set(shipped) - set(algo)}"
     for name in shipped:

@@ -356,3 +356,19 @@ def test_every_trainer_family_trains_and_saves_the_reference_layout(family, tiny
     tr.save_model(str(tmp_path / "saved"))
     for f in files:
         assert (tmp_path / "saved" / f).is_file(), f
+
+
+def test_the_python_api_takes_the_coopflow_extensions(tiny_model_dir, tmp_path):
+    """The extensions are MAGRPOConfig fields: they reach the run config (and so its keys) and the run logs their
+    statistics; a config without them trains exactly as before (other keys)."""
+    from coopflow.trainers import MAGRPOConfig, MAGRPOTrainer
+
+    ext = dict(num_policy_epochs=2, clip_range=0.2, advantage_normalization_scope="batch")
+    tr = MAGRPOTrainer(agent_model=str(tiny_model_dir), reward_func=length_ratio, train_dataset=_ds(2),
+                       args=_small(MAGRPOConfig, rollout_buffer_size=2, **ext), data_dir=str(tmp_path))
+    t = tr.run_config().trainer
+    assert (t.num_policy_epochs, t.clip_range, t.advantage_normalization_scope) == (2, 0.2, "batch")
+    out = tr.train(show_progress=False)
+    plain = MAGRPOTrainer(agent_model=str(tiny_model_dir), reward_func=length_ratio, train_dataset=_ds(2),
+                          args=_small(MAGRPOConfig, rollout_buffer_size=2), data_dir=str(tmp_path))
+    assert plain.train(show_progress=False)["checkpoint"] != out["checkpoint"]

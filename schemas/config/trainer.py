@@ -157,6 +157,15 @@ class MAGRPOConfig(_TrainerBase):
                                 "as length-sorted chunks whose gradients add up before its one AdamW step, so peak "
                                 "activation memory follows the chunk (and sorted chunks pad less); null = the whole "
                                 "minibatch in one forward.")
+    tree_expansion: Literal["all", "best"] = Field(
+        "all", description="Multi-turn trees: all (every joint action continues: CoMLRL's K^H tree) | best (only a "
+                           "node's highest-reward joint action continues: AT-GRPO's greedy tree sampling, one node of "
+                           "K candidates per agent per turn, each judged by its turn's reward; arXiv 2510.11062); "
+                           "coopflow extension.")
+    team_reward_weight: float = Field(
+        1.0, ge=0, description="alpha of AT-GRPO's reward mix: agent i's reward = alpha * team + local_i when the "
+                               "reward function returns [team, local_1, ..., local_N] per joint action (a one-value "
+                               "reward gives alpha * team); coopflow extension.")
     num_policy_epochs: int = Field(
         1, ge=1, description="Optimizer passes over each rollout buffer (1 = CoMLRL's single REINFORCE step); more "
                              "reuse the samples through the ratio to the policy that sampled them (PPO-style; "

@@ -35,7 +35,8 @@ from coopflow.stages.planning.context import RunContext, formatters_for
 from coopflow.stages.planning.plan import Update, is_actor_critic
 from coopflow.stages.planning.keys import UpdateKeys, scores_key, update_keys
 from coopflow.stages.rollout.tree import generate_tree
-from coopflow.stages.score.advantages import advantage_stats, compute_advantages, joint_returns, tree_children
+from coopflow.stages.score.advantages import (advantage_stats, agent_reward, compute_advantages, joint_returns,
+                                              local_reward_means, tree_children)
 from coopflow.stages.tasks.centralized import parse_failures, split_roles
 from coopflow.stages.update.policy_gradient import Objective, update_policies
 
@@ -182,7 +183,12 @@ def domain_metrics(ctx: RunContext, rows: list[dict], scores: list[dict]) -> dic
     samples = []
     for r in rows:
         s = joint.get((r["step"], r["turn"], r["node_id"], r["sample"]))
-        reward = (s["agent_rewards"][r["agent"]] if s and s["agent_rewards"] else s["reward"] if s else None)
+        if s is None:
+            reward = None
+        elif is_actor_critic(ctx.cfg):  # its per-agent rewards (or, without them, the shared one)
+            reward = s["agent_rewards"][r["agent"]] if s["agent_rewards"] else s["reward"]
+        else:  # the agent's share of the team reward plus its local reward
+            reward = agent_reward(s, r["agent"], ctx.cfg.trainer.team_reward_weight)
         sample = {k: r[k] for k in ("item_id", "turn", "agent", "sample", "prompt", "completion_text")}
         sample["reward"] = reward
         if ctx.adapter is None:
@@ -356,7 +362,8 @@ def _baseline_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict],
                      timing: Counter, t0: float):
     """MAGRPO family: tree returns and group-baseline advantages (stored, or computed), then the update."""
     t, cfg = ctx.cfg.trainer, ctx.cfg
-    children = tree_children(rows)
+    # greedy trees (AT-GRPO): each candidate is judged by its own turn's reward (only the best one continues)
+    children = tree_children(rows) if ctx.episode.expansion == "all" else None
     aref = ctx.store.find("advantages", keys.advantages)
     if aref is None:
         node_item = {(r["step"], r["turn"], r["node_id"]): r["item_id"] for r in rows}
@@ -364,7 +371,7 @@ def _baseline_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict],
                if t.reference_kl_enabled else None)
         adv = compute_advantages(scores, node_item, ctx.n, t.num_generations, t.joint_mode, cfg.advantage_mode,
                                  t.advantage_normalization, kls, t.reference_kl_coef, children, t.discount,
-                                 t.advantage_normalization_scope)
+                                 t.advantage_normalization_scope, t.team_reward_weight)
         aref = ctx.store.put_table("advantages", keys.advantages, adv)
         ctx.session.calls["advantages"] += 1
     else:
@@ -375,6 +382,7 @@ def _baseline_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict],
     um = update_policies(pol, rows, adv, t.batch_size, cfg.seed, u.index, t.loss_on_padding and ctx.adapter is None,
                          t.loss_chunk_tokens, Objective(t.num_policy_epochs, t.clip_range, t.ratio_level))
     um.update(advantage_stats(adv, ctx.n))
+    um.update(local_reward_means(scores, ctx.n))
     ctx.session.calls["update"] += 1
     timing["update_s"] += time.perf_counter() - t1
     per_turn = turn_metrics(scores, rows, joint_returns(scores, children, t.discount),

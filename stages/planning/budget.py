@@ -30,17 +30,18 @@ class Budget:
                 f"{self.eval_sequences} eval sequences")
 
 
-def tree_size(k: int, num_agents: int, num_turns: int, joint_mode: str) -> tuple[int, int]:
-    """(children = joint actions per node, nodes per item over all depths) of a full episode tree."""
+def tree_size(k: int, num_agents: int, num_turns: int, joint_mode: str, expansion: str = "all") -> tuple[int, int]:
+    """(joint actions per node, nodes per item over all depths) of a full episode tree; with `expansion` 'best'
+    only one joint action of a node continues, so an episode has one node per turn."""
     branch = k if (joint_mode == "aligned" or num_agents == 1) else k ** num_agents
-    return branch, sum(branch ** t for t in range(num_turns))
+    return branch, (num_turns if expansion == "best" else sum(branch ** t for t in range(num_turns)))
 
 
 def estimate(n_items: int, n_eval_items: int, num_agents: int, k: int, num_turns: int, joint_mode: str,
-             epochs: int, buffer: int) -> Budget:
+             epochs: int, buffer: int, expansion: str = "all") -> Budget:
     """Upper-bound counts (no early termination) for a run over `n_items` training items."""
     n = num_agents
-    branch, nodes = tree_size(k, n, num_turns, joint_mode)
+    branch, nodes = tree_size(k, n, num_turns, joint_mode, expansion)
     updates_per_epoch = -(-n_items // buffer)
     items = n_items * epochs
     return Budget(updates=updates_per_epoch * epochs,

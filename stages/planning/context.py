@@ -125,7 +125,10 @@ class RunContext:
         return len(joint_combos(t.num_generations, self.n, t.joint_mode))
 
     def nodes_per_item(self) -> int:
-        """Nodes of a full episode tree (no early termination): sum over depths of branch^t."""
+        """Nodes of a full episode tree (no early termination): sum over depths of branch^t (one per turn when only
+        the best joint action continues)."""
+        if self.episode.expansion == "best":
+            return self.episode.num_turns
         return sum(self.joint_actions_per_node() ** t for t in range(self.cfg.trainer.num_turns))
 
     def joint_actions_per_item(self) -> int:
@@ -213,7 +216,8 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
     joint_mode = t.joint_mode
     episode = Episode(t.num_turns if multi else 1, joint_mode,
                       Transition(cfg.transition.name, cfg.transition.kwargs) if multi else None,
-                      t.early_termination_threshold, t.external_prompt_passthrough, t.discount, reward_per_node=ac)
+                      t.early_termination_threshold, t.external_prompt_passthrough, t.discount, reward_per_node=ac,
+                      expansion=getattr(t, "tree_expansion", "all") if multi else "all")
     hooks = None
     if cfg.eval_logger and cfg.eval_aggregator:
         from coopflow.stages.common.user_code import load_callable
@@ -233,7 +237,7 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
     units = ctx.nodes_per_item() * (t.num_generations if ac else 1)
     updates = plan_updates(len(train), t.num_train_epochs, t.rollout_buffer_size, ctx.joint_actions_per_item(), units)
     est = budget.estimate(len(train), len(ctx.eval_items_used()) * t.eval_samples_per_item, n, t.num_generations, t.num_turns, joint_mode,
-                          t.num_train_epochs, len(updates[0].item_ids) if updates else 1)
+                          t.num_train_epochs, len(updates[0].item_ids) if updates else 1, ctx.episode.expansion)
     budget.check(est, cfg.max_sequences)
     warn = budget.unreachable_turns_warning(t.num_turns, t.early_termination_threshold,
                                             processed_range(reward.caller.fn, cfg.reward.reward_range,

@@ -54,12 +54,13 @@ INPUTS: dict[str, tuple[str, ...]] = {
     # ... and, for multi-turn trees only, the episode's rules: which branches continue and what later turns see
     # depend on the reward (a single-turn run's samples do not: a new reward reuses them)
     "episode": ("transition", "reward.name", "reward.kwargs", "reward.processor", "trainer.joint_mode",
-                "trainer.early_termination_threshold", "trainer.external_prompt_passthrough"),
+                "trainer.early_termination_threshold", "trainer.external_prompt_passthrough", "trainer.tree_expansion"),
     # the reward of every joint action of those samples
     "scores": ("reward.name", "reward.kwargs", "reward.processor", "trainer.joint_mode", "algorithm"),
     # MAGRPO family: returns and group-baseline advantages
     "advantages": ("reward.name", "reward.kwargs", "reward.processor", "trainer.joint_mode", "trainer.advantage_mode",
                    "trainer.advantage_normalization", "trainer.advantage_normalization_scope",
+                   "trainer.tree_expansion", "trainer.team_reward_weight",
                    "trainer.reference_kl_enabled", "trainer.reference_kl_coef",
                    "trainer.discount", "algorithm"),
     # IAC / MAAC: value targets and advantages from the critic
@@ -167,7 +168,7 @@ NO_EFFECT: dict[str, str] = {
 NOT_READ: dict[str, tuple[tuple[str, ...], str]] = {
     "madpo": (("trainer.advantage_mode", "trainer.advantage_normalization", "trainer.advantage_normalization_scope",
                "trainer.early_termination_threshold", "trainer.num_policy_epochs", "trainer.clip_range",
-               "trainer.ratio_level",
+               "trainer.ratio_level", "trainer.tree_expansion", "trainer.team_reward_weight",
                "trainer.loss_chunk_tokens", "trainer.loss_on_padding", "trainer.reference_kl_coef",
                "trainer.reference_kl_enabled", "checkpoint_every"),
               "MADPO trains by DPO on its pairs: these MAGRPO settings of CoMLRL's MADPOConfig are accepted, not read"),

@@ -13,6 +13,12 @@ update and assigned breadth-first; env_steps count scored joint actions in the s
 
 Returns (computed later from the stored tables, see `compute_advantages.joint_returns`):
 leaf R_j = r_j; internal R_j = r_j + discount · mean(returns of child j).
+
+Greedy expansion (`expansion='best'`, AT-GRPO's tree-structured sampling, Zhao et al. 2025, arXiv 2510.11062):
+only the node's highest-reward joint action (the first of equals) gets a child, so an episode is one path of
+`num_turns` nodes, each with K candidates per agent that share one prompt — AT-GRPO's agent- and turn-wise
+groups — and the episode continues from the best candidate. Every candidate is judged by its own turn's reward
+(the others have no continuation to compare), so returns are the turn's rewards.
 """
 
 import statistics
@@ -38,6 +44,7 @@ class Episode:
     passthrough: bool = False
     discount: float = 1.0
     reward_per_node: bool = False  # actor-critic: one reward call per node with K-lists (score_nodes)
+    expansion: str = "all"  # all: every joint action continues | best: only the node's best (AT-GRPO's greedy tree)
 
     def score(self, rows: list[dict], items: dict[int, dict], caller: RewardCaller, processor, env: int,
               node_items: dict[int, dict] | None = None) -> list[dict]:
@@ -115,6 +122,8 @@ def generate_tree(policies: PolicyGroup, items: list[dict], formatters: list[Cal
             if episode.stops([s["reward"] for s in mine]):
                 continue
             ph = [nd.prompt_history[a] + [nd.prompts[a]] for a in range(n)]
+            if episode.expansion == "best":  # max keeps the first of equal rewards
+                mine = [max(mine, key=lambda s: s["reward"])]
             for s in mine:
                 joint = [texts[(nd.node_id, a, s["combo"][a])] for a in range(n)]
                 rh = [nd.response_history[a] + [joint[a]] for a in range(n)]

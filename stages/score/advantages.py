@@ -68,9 +68,17 @@ def tree_children(rollouts: list[dict]) -> dict[tuple, dict[int, tuple]]:
     return dict(out)
 
 
+def agent_reward(score: dict, agent: int, team_weight: float) -> float:
+    """Agent `agent`'s reward of a joint action: team_weight · team reward + its local reward (AT-GRPO's mix; 0
+    when the reward function returned only the team value)."""
+    local = score["agent_rewards"][agent] if score.get("agent_rewards") else 0.0
+    return team_weight * score["reward"] + local
+
+
 def joint_returns(scores: list[dict], children: dict[tuple, dict[int, tuple]] | None = None,
-                  discount: float = 1.0) -> dict[tuple, float]:
-    """{(step, turn, node_id, joint_idx): return}: reward plus discount × mean return of the child node."""
+                  discount: float = 1.0, reward=None) -> dict[tuple, float]:
+    """{(step, turn, node_id, joint_idx): return}: reward plus discount × mean return of the child node
+    (`reward(score row)`: the reward a joint action counts with, default its team `reward`)."""
     by_node: dict[tuple, list[dict]] = defaultdict(list)
     for s in scores:
         by_node[(s["step"], s["turn"], s["node_id"])].append(s)
@@ -79,7 +87,7 @@ def joint_returns(scores: list[dict], children: dict[tuple, dict[int, tuple]] | 
     for node in sorted(by_node, key=lambda k: -k[1]):  # deepest turn first: children are done before parents
         kids = children.get(node, {})
         for s in by_node[node]:
-            R = s["reward"]
+            R = s["reward"] if reward is None else reward(s)
             child = kids.get(s["joint_idx"])
             if child is not None:
                 cr = [out[child + (j["joint_idx"],)] for j in by_node[child]]
@@ -89,8 +97,9 @@ def joint_returns(scores: list[dict], children: dict[tuple, dict[int, tuple]] | 
 
 
 def per_agent_returns(scores: list[dict], num_agents: int, k: int, joint_mode: str,
-                      returns: dict[tuple, float] | None = None) -> dict:
-    """{(step, turn, node_id): [agent][sample] -> return} from the node's joint returns (default: rewards)."""
+                      returns: dict[tuple, float] | list[dict[tuple, float]] | None = None) -> dict:
+    """{(step, turn, node_id): [agent][sample] -> return} from the node's joint returns (default: rewards; a list
+    holds one returns dict per agent, when agents count joint actions with rewards of their own)."""
     by_node: dict[tuple, list[dict]] = defaultdict(list)
     for s in scores:
         by_node[(s["step"], s["turn"], s["node_id"])].append(s)
@@ -98,8 +107,9 @@ def per_agent_returns(scores: list[dict], num_agents: int, k: int, joint_mode: s
     for node, rows in by_node.items():
         rets = [[0.0] * k for _ in range(num_agents)]
         for r in rows:
-            R = returns[node + (r["joint_idx"],)] if returns is not None else r["reward"]
             for a in range(num_agents):
+                ret = returns[a] if isinstance(returns, list) else returns
+                R = ret[node + (r["joint_idx"],)] if ret is not None else r["reward"]
                 if joint_mode == "cross" and num_agents > 1:
                     rets[a][r["combo"][a]] += R
                 else:
@@ -111,17 +121,22 @@ def per_agent_returns(scores: list[dict], num_agents: int, k: int, joint_mode: s
 def compute_advantages(scores: list[dict], item_of_node: dict[tuple, int], num_agents: int, k: int,
                        joint_mode: str, mode: str, normalize: bool, kls: dict[tuple, float] | None = None,
                        kl_coef: float = 0.0, children: dict[tuple, dict[int, tuple]] | None = None,
-                       discount: float = 1.0, scope: str = "group") -> list[dict]:
+                       discount: float = 1.0, scope: str = "group", team_weight: float = 1.0) -> list[dict]:
     """Advantage rows (schema `advantages`) for every node × agent × sample.
 
     With `kls` ({(step, turn, node_id, agent, sample): KL}), each return first becomes R − kl_coef·KL
     (the reference-KL adjustment, applied per agent to its own completions before the baseline); the
     stored `return` is the adjusted one. `children` (from `tree_children`) links multi-turn nodes.
-    `scope` (with `normalize`): group | agent | batch, see the module docstring.
+    `scope` (with `normalize`): group | agent | batch, see the module docstring. Per-agent local rewards (scores'
+    `agent_rewards`) or a `team_weight` other than 1 give each agent its own returns: team_weight · team + local.
     """
     if scope not in NORMALIZATION_SCOPES:
         raise ValueError(f"advantage_normalization_scope must be one of {NORMALIZATION_SCOPES}, got {scope!r}")
-    jr = joint_returns(scores, children, discount)
+    if team_weight == 1.0 and not any(s.get("agent_rewards") for s in scores):
+        jr = joint_returns(scores, children, discount)
+    else:
+        jr = [joint_returns(scores, children, discount, lambda s, a=a: agent_reward(s, a, team_weight))
+              for a in range(num_agents)]
     groups = []  # (node, agent, returns [K], advantages [K])
     for node, rets in sorted(per_agent_returns(scores, num_agents, k, joint_mode, jr).items()):
         for a in range(num_agents):
@@ -157,3 +172,12 @@ def advantage_stats(rows: list[dict], num_agents: int) -> dict[str, float]:
             out[f"agent_{a}/advantage_mean"] = float(A.mean())
             out[f"agent_{a}/advantage_std"] = float(A.std(unbiased=False))
     return out
+
+
+def local_reward_means(scores: list[dict], num_agents: int) -> dict[str, float]:
+    """`agent_i/local_reward_mean` over an update's joint actions, when the reward returns per-agent local rewards
+    (empty otherwise)."""
+    rows = [s["agent_rewards"] for s in scores if s.get("agent_rewards")]
+    if not rows:
+        return {}
+    return {f"agent_{a}/local_reward_mean": sum(r[a] for r in rows) / len(rows) for a in range(num_agents)}

@@ -8,7 +8,9 @@ Joint actions per node (one node = one item at one turn), K = samples per agent,
 Each joint action gets `reward_raw` from the reward function (called per joint action with
 one-element lists, through the reference's signature dispatch; `prompts` is agent 1's prompt at
 that node, as in the reference) and `reward` =
-processor(reward_raw). `env_step` counts scored joint actions across the run (the x-axis of every
+processor(reward_raw). A reward function may also return N + 1 values for a joint action: the team
+reward, then one local reward per agent (AT-GRPO's per-agent rewards); the processed locals are
+stored in `agent_rewards` (empty for a one-value reward) and mixed in by the advantages. `env_step` counts scored joint actions across the run (the x-axis of every
 metric); `env_step_base` is the count before this call.
 """
 
@@ -62,16 +64,18 @@ def score_rewards(rollouts: list[dict], items: dict[int, dict], caller: RewardCa
                 raise RewardError(f"{err} (item {item_id}, joint action {list(combo)})") from err
             raise RewardError(f"{err.__class__.__name__} from reward function {getattr(caller, 'name', '?')} "
                               f"on item {item_id}, joint action {list(combo)}: {err}") from err
-        if len(vals) != 1:
+        if len(vals) not in (1, n + 1) or (len(vals) > 1 and n == 1):
             raise RewardError(f"reward function {getattr(caller, 'name', '?')} returned {len(vals)} values for one "
-                              f"joint action (item {item_id}, joint action {list(combo)}); expected 1")
+                              f"joint action (item {item_id}, joint action {list(combo)}); expected 1 (the team "
+                              f"reward){f' or {n + 1} (the team reward, then one local reward per agent)' if n > 1 else ''}")
         raw = vals[0]
-        if not math.isfinite(raw):
-            raise FloatingPointError(f"reward function returned {raw} for item {item_id}, joint action {combo}")
+        bad = [v for v in vals if not math.isfinite(v)]
+        if bad:
+            raise FloatingPointError(f"reward function returned {bad[0]} for item {item_id}, joint action {combo}")
         env_step += 1
         out.append({"step": step, "item_id": item_id, "turn": turn, "node_id": node_id, "joint_idx": j,
                     "combo": list(combo), "reward_raw": raw, "reward": float(processor(raw)),
-                    "env_step": env_step, "agent_rewards": []})
+                    "env_step": env_step, "agent_rewards": [float(processor(v)) for v in vals[1:]]})
     return out
 
 
