@@ -104,13 +104,21 @@ def segment_record_keys(ctx: KeyContext, index: int) -> tuple[str, str]:
     end = ctx.end_keys[index]
     start = ctx.end_keys[index - 1] if index else ctx.plan.start_key
     steps = f"{end}-s{key_for('steps', {'start': start, 'end': end, 'v': STAGE_VERSION})[:12]}"
-    return steps, metrics_key(ctx, steps)
+    return steps, metrics_key(ctx, steps, SEGMENT_METRICS_VERSION)
 
 
-def metrics_key(ctx: KeyContext, record_key: str) -> str:
+SEGMENT_METRICS_VERSION = "2"
+"""Version of what a training segment logs: 2 = each update's per-agent advantage statistics (and, with the
+clipped objective or local rewards, their statistics). A segment stored with older metrics replays its stored
+updates once to log the new ones."""
+
+
+def metrics_key(ctx: KeyContext, record_key: str, version: str | None = None) -> str:
     """Key of the metric rows stored beside `record_key` (a segment's steps, a DPO run, a round)."""
-    m = declared_key("metrics", "metrics", ctx.cfg, {"of": record_key, "eval_reward": ctx.eval_reward()[2],
-                                                     "eval_items": items_digest(ctx.eval_items_used())})
+    upstream = {"of": record_key, "eval_reward": ctx.eval_reward()[2], "eval_items": items_digest(ctx.eval_items_used())}
+    if version is not None:
+        upstream["v"] = version
+    m = declared_key("metrics", "metrics", ctx.cfg, upstream)
     return f"{record_key}-m{m[:12]}"
 
 
