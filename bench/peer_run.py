@@ -4,7 +4,8 @@
 
 - `--mp`: the peer's own parallel mode, `parallel_training="mp"` with one device name per agent (`cpu:0`,
   `cpu:1`; torch maps both to the CPU): CoMLRL then runs each agent's generate and update on its own thread,
-  both at once (with one device for all agents it runs them one after another). Critics get the same devices.
+  both at once (with one device for all agents it runs them one after another). IAC's critics get the agents'
+  devices, MAAC's one shared critic `cpu:0`.
 - `--seed S`: the harness seeds torch with 0; every `torch.manual_seed` call is redirected to S.
 - Torch threads are the harness's own setting (its THREADS environment variable or argument).
 
@@ -15,6 +16,7 @@ bench/flops.py. The harness runs unchanged otherwise.
 
 import atexit
 import json
+import os
 import runpy
 import sys
 import threading
@@ -42,6 +44,7 @@ def main() -> None:
         torch.manual_seed = lambda _s: set_seed(seed)
     _record_generate()
     sys.argv = args
+    sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))  # as `python HARNESS.py` would: its helpers import
     runpy.run_path(args[0], run_name="__main__")
 
 
@@ -53,13 +56,13 @@ def _parallel_agents() -> None:
     for cls in (magrpo.MAGRPOConfig, iac.IACConfig, maac.MAACConfig):
         original = cls.__post_init__
 
-        def post_init(self, _original=original):
+        def post_init(self, _original=original, _cls=cls):
             if str(getattr(self, "parallel_training", "none")).lower() in ("none", "null"):
                 n = int(getattr(self, "num_agents", 2) or 2)
                 self.parallel_training = "mp"
                 self.agent_devices = [f"cpu:{i}" for i in range(n)]
-                if hasattr(self, "critic_devices"):
-                    self.critic_devices = list(self.agent_devices)
+                if hasattr(self, "critic_devices"):  # IAC: a critic per agent; MAAC: one shared critic
+                    self.critic_devices = list(self.agent_devices) if _cls is iac.IACConfig else ["cpu:0"]
             _original(self)
 
         cls.__post_init__ = post_init
