@@ -419,13 +419,20 @@ _RL_COMMON = {  # the MARLHF trainer below, field by field, as its RL backend ge
 }
 
 
+_RL_EXTENSIONS = {  # coopflow's MAGRPO-family extensions reach a MARLHF run's RL phase as set on the MARLHF trainer
+    "advantage_normalization_scope": "group", "tree_expansion": "all", "team_reward_weight": 1.0,
+    "num_policy_epochs": 1, "clip_range": None, "ratio_level": "token",
+}
+
+
 @pytest.mark.parametrize("rl_algorithm, given, expected", [
     # the MAGRPO family also gets the MARLHF run's loss_on_padding (it was dropped before, so a run's
     # loss_on_padding: false silently trained its RL phase with the reference's padded loss)
     ("magrpo", {}, {"joint_mode": "aligned", "advantage_mode": None, "loss_on_padding": False,
-                    "collaboration_mode": "decentralized", "loss_chunk_tokens": None}),
-    ("maremax", {"loss_chunk_tokens": 512}, {"joint_mode": "aligned", "advantage_mode": None, "loss_on_padding": False,
-                                             "collaboration_mode": "decentralized", "loss_chunk_tokens": 512}),
+                    "collaboration_mode": "decentralized", "loss_chunk_tokens": None, **_RL_EXTENSIONS}),
+    ("maremax", {"loss_chunk_tokens": 512, "num_policy_epochs": 2, "clip_range": 0.2},
+     {"joint_mode": "aligned", "advantage_mode": None, "loss_on_padding": False, "collaboration_mode": "decentralized",
+      "loss_chunk_tokens": 512, **_RL_EXTENSIONS, "num_policy_epochs": 2, "clip_range": 0.2}),
     ("iac", {"use_separate_critic": True},
      {"critic_learning_rate": 1e-4, "critic_type": "v", "value_loss_coef": 0.3, "critic_value_head_hidden_dim": None,
       "critic_devices": ["cpu", "cpu"], "use_separate_critic": True, "value_clip_range": 0.2,

@@ -431,8 +431,9 @@ def test_rewards_that_raise_or_return_junk_are_named():
 
     with pytest.raises(RewardError, match=r"KeyError from reward function .*boom on item 7, joint action \[0, 0\]"):
         _score(boom)
-    with pytest.raises(RewardError, match=r"returned 3 values for one joint action .*expected 1"):
-        _score(lambda c1, c2: [1.0, 2.0, 3.0])
+    with pytest.raises(RewardError, match=r"returned 4 values for one joint action .*expected 1 .* or 3"):
+        _score(lambda c1, c2: [1.0, 2.0, 3.0, 4.0])
+    assert _score(lambda c1, c2: [1.0, 2.0, 3.0])[0]["agent_rewards"] == [2.0, 3.0]  # team, then one per agent
     with pytest.raises(RewardError, match=r"returned 'good' \(str\); expected a float"):
         _score(lambda c1, c2: "good")
     with pytest.raises(RewardError, match=r"returned \['a'\] \(list\)"):

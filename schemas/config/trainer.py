@@ -288,6 +288,11 @@ class ActorCriticConfig(_CriticFields, _TrainerBase):
         return "aligned"
 
     @property
+    def tree_expansion(self) -> Literal["all"]:
+        """Always all: actor-critic episodes are single paths (K = 1); greedy trees are MAGRPO-family only."""
+        return "all"
+
+    @property
     def collaboration_mode(self) -> Literal["decentralized"]:
         """Always decentralized: one actor per agent (a centralized joint actor is MAGRPO-family only)."""
         return "decentralized"

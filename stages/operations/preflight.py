@@ -246,7 +246,7 @@ def disk_estimate(cfg: RunConfig, train_items: list) -> "budget.DiskEstimate | N
         params = trained = per_agent * len(sizes)
         wb = 4
     n, k = len(sizes), t.num_generations
-    _, nodes = budget.tree_size(k, n, t.num_turns, t.joint_mode, getattr(t, "tree_expansion", "all"))
+    _, nodes = budget.tree_size(k, n, t.num_turns, t.joint_mode, t.tree_expansion)
     if trains_in_segments(cfg):
         units = nodes * (k if is_actor_critic(cfg) else 1)
         updates = plan_updates(len(train_items), t.num_train_epochs, t.rollout_buffer_size, 1, units)

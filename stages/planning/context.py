@@ -217,7 +217,7 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
     episode = Episode(t.num_turns if multi else 1, joint_mode,
                       Transition(cfg.transition.name, cfg.transition.kwargs) if multi else None,
                       t.early_termination_threshold, t.external_prompt_passthrough, t.discount, reward_per_node=ac,
-                      expansion=getattr(t, "tree_expansion", "all") if multi else "all")
+                      expansion=t.tree_expansion if multi else "all")
     hooks = None
     if cfg.eval_logger and cfg.eval_aggregator:
         from coopflow.stages.common.user_code import load_callable

@@ -86,7 +86,7 @@ def loss_rows(samples: list[list[dict]], pad_id: int, pad_tail: bool = False) ->
             ids = list(c["completion_ids"])
             comp = (ids + [pad_id] * (longest - len(ids)))[:-1] if pad_tail else ids
             rows.append((c["prompt_ids"], comp, c["advantage"], 1.0 / (len(samples) * len(node)),
-                         (c["step"], c["turn"], c["node_id"], c["sample"])))
+                         tuple(c.get(k) for k in ("step", "turn", "node_id", "sample"))))
     return rows
 
 
