@@ -414,6 +414,9 @@ CONTENT_CASES = [
     ("trainer.num_train_epochs", 2), ("checkpoint_every", 1), ("trainer.reference_kl_enabled", True),
     ("trainer.joint_mode", "cross"), ("trainer.advantage_mode", "max"), ("seed", 1),
     ("agents.compute_dtype", "bfloat16"), ("reward.processor", "clamp:0:1"),
+    ("trainer.advantage_normalization_scope", "batch"), ("trainer.num_policy_epochs", 2),
+    ("trainer.clip_range", 0.1), ("trainer.ratio_level", "sequence"), ("trainer.team_reward_weight", 0.5),
+    ("trainer.tree_expansion", "best"),
 ]
 
 
