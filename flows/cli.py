@@ -116,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--tracking-uri", help="the MLflow store to show instead of <data_dir>/mlflow.db (a config's "
                                           "tracking.tracking_uri)")
     sub.add_parser("flows", help="list the flows")
-    sub.add_parser("config-reference", help="print the config reference (markdown table) used in README.md")
+    sub.add_parser("config-reference", help="print the config reference (markdown table) of docs/reference/configuration.md")
     return p
 
 

@@ -98,7 +98,7 @@ def joint_returns(scores: list[dict], children: dict[tuple, dict[int, tuple]] | 
 
 def per_agent_returns(scores: list[dict], num_agents: int, k: int, joint_mode: str,
                       returns: dict[tuple, float] | list[dict[tuple, float]] | None = None) -> dict:
-    """{(step, turn, node_id): [agent][sample] -> return} from the node's joint returns (default: rewards; a list
+    """`{(step, turn, node_id): returns[agent][sample]}` from the node's joint returns (default: rewards; a list
     holds one returns dict per agent, when agents count joint actions with rewards of their own)."""
     by_node: dict[tuple, list[dict]] = defaultdict(list)
     for s in scores:
