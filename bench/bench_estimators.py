@@ -23,7 +23,6 @@ time, so a method whose updates cost more is charged for it) with how many seeds
 import argparse
 import json
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -32,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
-import bench_magrpo as B  # noqa: E402  (quiet wait, child env, logging)
+import bench_magrpo as B  # noqa: E402  (quiet wait, child env, logging, mean_se)
 import bench_real as R  # noqa: E402  (the shared SmolLM2 copy, mode settings, metered child runs)
 
 METHODS = {
@@ -98,13 +97,6 @@ def time_to(r: dict, threshold: float) -> float | None:
     return None
 
 
-def mean_se(xs: list[float], fmt: str = ".3f") -> str:
-    if not xs:
-        return "-"
-    se = statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else 0.0
-    return f"{statistics.mean(xs):{fmt}} ± {se:{fmt}}"
-
-
 def report(results: dict, workload: str, threshold: float) -> None:
     key = WORKLOADS[workload][1]
     print(f"\n{workload}: mean ± standard error over seeds; time to threshold = training seconds until the trailing "
@@ -117,9 +109,9 @@ def report(results: dict, workload: str, threshold: float) -> None:
         ev = [r["eval"][key] for r in ok if key in (r.get("eval") or {})]
         rate = [r["env_steps"] / r["train_seconds"] for r in ok]
         reach = [t for t in (time_to(r, threshold) for r in ok) if t is not None]
-        print(f"| {method} | {len(ok)} | {mean_se(ev)} | {mean_se([r['reward_last'] for r in ok])} | "
-              f"{mean_se(rate, '.2f')} | {mean_se([r['train_seconds'] for r in ok], '.1f')} | "
-              f"{mean_se(reach, '.1f')} ({len(reach)}/{len(ok)}) |")
+        print(f"| {method} | {len(ok)} | {B.mean_se(ev)} | {B.mean_se([r['reward_last'] for r in ok])} | "
+              f"{B.mean_se(rate, '.2f')} | {B.mean_se([r['train_seconds'] for r in ok], '.1f')} | "
+              f"{B.mean_se(reach, '.1f')} ({len(reach)}/{len(ok)}) |")
 
 
 def main() -> int:

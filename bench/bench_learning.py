@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
-import bench_magrpo as B  # noqa: E402  (quiet wait, peer venv, child env, PEER_CONFIGS)
+import bench_magrpo as B  # noqa: E402  (quiet wait, peer venv, child env, PEER_CONFIGS, mean_se)
 import bench_real as R  # noqa: E402  (the shared model copy, mode settings, metered child runs)
 
 MARK = "BENCH_RESULT "
@@ -160,18 +160,11 @@ def evaluate_agents(cfg: dict, agent_dirs: list[str], tmp: Path, tag: str) -> di
     return ev.get("after")
 
 
-def mean_se(xs: list[float]) -> str:
-    if not xs:
-        return "-"
-    se = statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else 0.0
-    return f"{statistics.mean(xs):.3f} ± {se:.3f}"
-
-
 def report(results: dict, seeds: list[int]) -> None:
     start = [r["after"][REWARD_KEY] for r in results.get("start", {}).values() if r.get("after")]
     print(f"\n{REWARD_KEY} on the eval posts (coopflow's evaluator, float32, the run's eval seed), mean ± standard "
           f"error over seeds {seeds}")
-    print(f"  {'start model':14s}: {mean_se(start)}  ({', '.join(f'{x:.3f}' for x in start)})")
+    print(f"  {'start model':14s}: {B.mean_se(start)}  ({', '.join(f'{x:.3f}' for x in start)})")
     secs = {}
     for side, runs in results.items():
         if side == "start":
@@ -179,8 +172,8 @@ def report(results: dict, seeds: list[int]) -> None:
         after = [r["after"][REWARD_KEY] for r in runs.values() if r.get("after")]
         train = [r["train_seconds"] for r in runs.values() if r.get("train_seconds")]
         secs[side] = statistics.mean(train) if train else None
-        print(f"  {side:14s}: after {mean_se(after)}  ({', '.join(f'{x:.3f}' for x in after)})  training seconds "
-              f"{mean_se(train)}  training reward first→last fifth "
+        print(f"  {side:14s}: after {B.mean_se(after)}  ({', '.join(f'{x:.3f}' for x in after)})  training seconds "
+              f"{B.mean_se(train)}  training reward first→last fifth "
               + ", ".join(f"{r.get('reward_first', 0):.2f}→{r.get('reward_last', 0):.2f}" for r in runs.values()
                           if r.get("train_seconds")))
     if secs.get("peer"):

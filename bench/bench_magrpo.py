@@ -384,6 +384,14 @@ def wait_quiet(seconds: float) -> dict:
     return {"waited_s": waited, "busy_cores": busy}
 
 
+def mean_se(xs: list[float], fmt: str = ".3f") -> str:
+    """'mean ± standard error' of values over seeds ('-' for none)."""
+    if not xs:
+        return "-"
+    se = statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else 0.0
+    return f"{statistics.mean(xs):{fmt}} ± {se:{fmt}}"
+
+
 def child_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))

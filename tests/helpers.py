@@ -97,6 +97,18 @@ LEARNING_SEEDS = (0, 1, 2)
 """Seeds every learning test runs: a gain must hold over several seeds, not on one lucky one."""
 
 
+def multiturn_config(tmp_path, **trainer):
+    """The tiny 2-turn feedback run config of the multi-turn tests (early termination off, 3 node samples per
+    update); `trainer` overrides its trainer fields."""
+    from coopflow.schemas.config import validate_config
+    from tests.conftest import small_config
+
+    cfg = small_config(tmp_path, transition={"name": "feedback"})
+    cfg["trainer"] = {**cfg["trainer"], "num_turns": 2, "early_termination_threshold": None,
+                      "rollout_buffer_size": 3, **trainer}
+    return validate_config(cfg)
+
+
 def assert_learns(gains: list[float], min_mean: float, min_improving: int | None = None) -> None:
     """A learning claim over seeds: the mean gain is above `min_mean` and at least `min_improving` seeds
     (default: all) improve at all. Float reductions differ between CPUs, so one seed's trajectory may

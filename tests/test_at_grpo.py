@@ -8,7 +8,7 @@ import pytest
 from coopflow.stages.score.advantages import agent_reward, compute_advantages, local_reward_means
 from coopflow.stages.score.rewards import RewardCaller, RewardError
 from coopflow.stages.score.scores import score_rewards
-from tests.conftest import small_config
+from tests.helpers import multiturn_config
 
 
 def _rollouts(texts):
@@ -62,15 +62,6 @@ def test_without_locals_and_alpha_one_the_returns_are_the_team_rewards():
 # --- greedy tree sampling in a run ------------------------------------------------------------------------------
 
 
-def _mt(tmp_path, **trainer):
-    from coopflow.schemas.config import validate_config
-
-    cfg = small_config(tmp_path, transition={"name": "feedback"})
-    cfg["trainer"] = {**cfg["trainer"], "num_turns": 3, "early_termination_threshold": None,
-                      "rollout_buffer_size": 3, **trainer}
-    return validate_config(cfg)
-
-
 def test_greedy_trees_continue_from_each_nodes_best_joint_action(tmp_path):
     """3 turns, K=2, 4 items: one node per turn (2 joint actions each) instead of 1 + 2 + 4 nodes; every turn-2/3
     node's parent is the best-rewarded joint action of its parent (the first of equals); returns are the turn's own
@@ -78,7 +69,7 @@ def test_greedy_trees_continue_from_each_nodes_best_joint_action(tmp_path):
     from coopflow.artifacts import ArtifactStore
     from coopflow.stages.loops.run import run_direct
 
-    cfg = _mt(tmp_path, tree_expansion="best")
+    cfg = multiturn_config(tmp_path, num_turns=3, tree_expansion="best")
     s = run_direct(cfg)
     assert s["env_steps"] == 4 * 3 * 2
     store = ArtifactStore(cfg.resolved_data_dir() / "artifacts")
@@ -109,7 +100,7 @@ def test_greedy_expansion_is_part_of_the_rollout_key(tmp_path):
 
     keys = []
     for exp in ("all", "best"):
-        cfg = _mt(tmp_path / exp, tree_expansion=exp)
+        cfg = multiturn_config(tmp_path / exp, num_turns=3, tree_expansion=exp)
         store = ArtifactStore(cfg.resolved_data_dir() / "artifacts")
         ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
         keys.append(update_keys(ctx, ctx.plan.start_key, ctx.plan.updates[0]).rollouts)

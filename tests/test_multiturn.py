@@ -212,19 +212,12 @@ def test_eval_with_several_samples_per_item_follows_each_path(policies):
 # --- end to end ----------------------------------------------------------------------------------
 
 
-def _mt_config(tmp_path, **trainer):
-    cfg = small_config(tmp_path, transition={"name": "feedback"})
-    cfg["trainer"] = {**cfg["trainer"], "num_turns": 2, "early_termination_threshold": None,
-                      "rollout_buffer_size": 3, **trainer}
-    return validate_config(cfg)
-
-
 def test_multi_turn_run_logs_per_turn_metrics_and_reruns_from_cache(tmp_path):
     from coopflow.stages.tasks.taskset import build_taskset
     from coopflow.stages.planning.keys import segment_record_keys
     from coopflow.stages.loops.run import run_direct
 
-    cfg = _mt_config(tmp_path)
+    cfg = helpers.multiturn_config(tmp_path)
     s = run_direct(cfg)
     assert s["env_steps"] == 4 * (2 + 2 * 2)  # items x (K root joint actions + K children x K)
     store = ArtifactStore(cfg.resolved_data_dir() / "artifacts")
@@ -242,11 +235,11 @@ def test_multi_turn_run_logs_per_turn_metrics_and_reruns_from_cache(tmp_path):
 def test_unreachable_turn_warning_for_the_reference_default_threshold(tmp_path):
     from coopflow.stages.tasks.taskset import build_taskset
 
-    cfg = _mt_config(tmp_path, early_termination_threshold=-0.2)
+    cfg = helpers.multiturn_config(tmp_path, early_termination_threshold=-0.2)
     store = ArtifactStore(tmp_path / "artifacts")
     ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
     assert len(ctx.plan.warnings) == 1 and "no branch ever reaches turn 2" in ctx.plan.warnings[0]
-    cfg = _mt_config(tmp_path, early_termination_threshold=0.9)
+    cfg = helpers.multiturn_config(tmp_path, early_termination_threshold=0.9)
     assert make_context(cfg, store, build_taskset(cfg.taskset, store)).plan.warnings == ()
 
 

@@ -33,6 +33,13 @@ def pad_batch(prompts: list[list[int]], completions: list[list[int]], pad_id: in
     return ids, attn, cmask, P
 
 
+def completion_mask(completions: list[list[int]], like: torch.Tensor) -> torch.Tensor:
+    """[B, C] bool mask of each completion's tokens, in the shape and on the device of `like` (the token log-probs
+    `sequence_logprobs(..., return_tokens=True)` returns)."""
+    lengths = torch.tensor([len(c) for c in completions], device=like.device)
+    return torch.arange(like.shape[-1], device=like.device)[None, :] < lengths[:, None]
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[target] without materializing the full log-softmax: [B, T, V] -> [B, T]."""
     logits = logits.float()

@@ -11,7 +11,7 @@ baseline and normalization, so a completion that drifts from the reference earns
 
 import torch
 
-from coopflow.stages.agents.logprobs import sequence_logprobs
+from coopflow.stages.agents.logprobs import completion_mask, sequence_logprobs
 
 
 @torch.no_grad()
@@ -20,9 +20,7 @@ def k3_kl(policy, reference, prompts: list[list[int]], completions: list[list[in
     _, pol = sequence_logprobs(policy, prompts, completions, pad_id, return_tokens=True)
     _, ref = sequence_logprobs(reference, prompts, completions, pad_id, return_tokens=True)
     ref = ref.to(pol.device)
-    mask = torch.zeros_like(pol, dtype=torch.bool)
-    for b, c in enumerate(completions):
-        mask[b, :len(c)] = True
+    mask = completion_mask(completions, pol)
     d = (ref - pol).double()
     k3 = (torch.exp(d) - d - 1) * mask
     return k3.sum(-1).tolist()

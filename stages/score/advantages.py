@@ -146,13 +146,13 @@ def compute_advantages(scores: list[dict], item_of_node: dict[tuple, int], num_a
             R = torch.tensor(own, dtype=torch.float64)
             groups.append((node, a, R, advantages(R, mode, normalize and scope == "group")))
     if normalize and scope != "group":  # one set of statistics per agent (agent) or for everything (batch)
-        pools = sorted({g[1] if scope == "agent" else 0 for g in groups})
-        for p in pools:
-            idx = [i for i, g in enumerate(groups) if (g[1] if scope == "agent" else 0) == p]
+        pools: dict[int, list[int]] = defaultdict(list)  # pool -> indices into groups
+        for i, (_, a, _, _) in enumerate(groups):
+            pools[a if scope == "agent" else 0].append(i)
+        for idx in pools.values():
             flat = z_normalize(torch.cat([groups[i][3] for i in idx]))
             for j, i in enumerate(idx):
-                node, a, R, _ = groups[i]
-                groups[i] = (node, a, R, flat[j * k:(j + 1) * k])
+                groups[i] = groups[i][:3] + (flat[j * k:(j + 1) * k],)
     rows = []
     for node, a, R, A in groups:
         step, turn, node_id = node

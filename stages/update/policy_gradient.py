@@ -34,10 +34,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from coopflow.artifacts import faults
 from coopflow.stages.common.seeds import derive_seed
-from coopflow.stages.agents.logprobs import sequence_logprobs
+from coopflow.stages.agents.logprobs import completion_mask, sequence_logprobs
 from coopflow.stages.agents.state import AgentState, PolicyGroup
 
 
@@ -99,14 +100,6 @@ def rows_loss(model, rows: list[tuple], pad_id: int) -> torch.Tensor:
     return -(w * logp * A).sum()
 
 
-def _token_mask(rows: list[tuple], like: torch.Tensor) -> torch.Tensor:
-    """[B, C] mask of each row's completion tokens (the shape and device of `like`)."""
-    mask = torch.zeros(like.shape, dtype=torch.bool, device=like.device)
-    for b, r in enumerate(rows):
-        mask[b, :len(r[1])] = True
-    return mask
-
-
 def clipped_rows_loss(model, rows: list[tuple], pad_id: int, old: dict[tuple, torch.Tensor], obj: Objective,
                       capture: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate over the rows in one padded forward, and its statistics (clip_fraction, approx_kl,
@@ -115,17 +108,15 @@ def clipped_rows_loss(model, rows: list[tuple], pad_id: int, old: dict[tuple, to
     ratio 1 and its log-probs are stored there; otherwise a missing row is an error."""
     device = next(model.parameters()).device
     _, tok = sequence_logprobs(model, [r[0] for r in rows], [r[1] for r in rows], pad_id, return_tokens=True)
-    mask = _token_mask(rows, tok)
-    ref = torch.zeros_like(tok, dtype=torch.float32)
-    for b, r in enumerate(rows):
-        if r[4] in old:
-            ref[b, :len(r[1])] = old[r[4]].to(device)
-        elif capture:
-            old[r[4]] = tok[b, :len(r[1])].detach().float().cpu()
-            ref[b, :len(r[1])] = old[r[4]].to(device)
-        else:
-            raise RuntimeError(f"no sampling-policy log-probs for completion {r[4]} (they are taken before the "
-                               f"update's first step)")
+    mask = completion_mask([r[1] for r in rows], tok)
+    missing = [i for i, r in enumerate(rows) if r[4] not in old]
+    if missing and not capture:
+        raise RuntimeError(f"no sampling-policy log-probs for completion {rows[missing[0]][4]} (they are taken "
+                           f"before the update's first step)")
+    if missing:
+        old.update(_row_logprobs(tok.detach()[missing], [rows[i] for i in missing]))
+    ref = pad_sequence([old[r[4]] for r in rows], batch_first=True).to(device)
+    ref = torch.nn.functional.pad(ref, (0, tok.shape[1] - ref.shape[1]))  # [B, C] like tok (all rows may be shorter)
     A = torch.tensor([r[2] for r in rows], dtype=tok.dtype, device=device)
     w = torch.tensor([r[3] for r in rows], dtype=tok.dtype, device=device)
     log_ratio = (tok - ref.to(tok.dtype)) * mask
@@ -201,9 +192,13 @@ def sampling_logprobs(agent: AgentState, rows: list[tuple], chunk_tokens: int | 
         with agent.autocast():
             _, tok = sequence_logprobs(agent.model, [r[0] for r in chunk], [r[1] for r in chunk],
                                        agent.tokenizer.pad_token_id, return_tokens=True)
-        for b, r in enumerate(chunk):
-            out[r[4]] = tok[b, :len(r[1])].float().cpu()
+        out.update(_row_logprobs(tok, chunk))
     return out
+
+
+def _row_logprobs(tok: torch.Tensor, rows: list[tuple]) -> dict[tuple, torch.Tensor]:
+    """{row key: its completion's token log-probs [len(completion)], float32 on the CPU} from `tok` [B, C]."""
+    return {r[4]: tok[b, :len(r[1])].float().cpu() for b, r in enumerate(rows)}
 
 
 def update_agent(agent: AgentState, rollouts: list[dict], adv: dict[tuple, float], batch_size: int, seed: int,
