@@ -125,11 +125,10 @@ class RunContext:
         return len(joint_combos(t.num_generations, self.n, t.joint_mode))
 
     def nodes_per_item(self) -> int:
-        """Nodes of a full episode tree (no early termination): sum over depths of branch^t (one per turn when only
-        the best joint action continues)."""
-        if self.episode.expansion == "best":
-            return self.episode.num_turns
-        return sum(self.joint_actions_per_node() ** t for t in range(self.cfg.trainer.num_turns))
+        """Nodes of a full episode tree (no early termination): `budget.tree_size`'s count (sum over depths of
+        branch^t; one per turn when only the best joint action continues)."""
+        t = self.cfg.trainer
+        return budget.tree_size(t.num_generations, self.n, t.num_turns, t.joint_mode, self.episode.expansion)[1]
 
     def joint_actions_per_item(self) -> int:
         return self.nodes_per_item() * self.joint_actions_per_node()
