@@ -122,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    process = argv is None  # the `coopflow` command itself (not a call from Python): it owns the process's stderr
     try:
         from coopflow.artifacts import ArtifactError, StoreFullError
 
@@ -129,16 +130,30 @@ def main(argv: list[str] | None = None) -> int:
                 "flows": _flows, "models": _models, "verify": _verify, "gc": _gc, "ui": _ui,
                 "config-reference": _config_reference}[args.cmd](args)
     except KeyboardInterrupt:
-        print("interrupted; completed segments are checkpointed, rerun the same command to resume",
-              file=sys.stderr)
-        return 130
+        return _last_words("interrupted; completed segments are checkpointed, rerun the same command to resume", 130,
+                           process)
     except StoreFullError as err:  # one line: nothing is corrupted, only space is missing
-        print(f"coopflow: {err}", file=sys.stderr)
-        return 4
+        return _last_words(f"coopflow: {err}", 4, process)
     except ArtifactError as err:  # one line, with what to do, instead of a traceback
-        print(f"coopflow: {err}\n(run `coopflow verify --quarantine` to set every bad artifact aside; the next run "
-              "recomputes them)", file=sys.stderr)
-        return 3
+        return _last_words(f"coopflow: {err}\n(run `coopflow verify --quarantine` to set every bad artifact aside; "
+                           "the next run recomputes them)", 3, process)
+
+
+def _last_words(message: str, code: int, process: bool) -> int:
+    """Print the line that explains a failed run and make it the last thing on stderr: Prefect's shutdown (its
+    background services and the ephemeral server stopping at interpreter exit) can print a CancelledError
+    traceback after a flow ended by an exception, which would bury the one line that says what to do. Once the
+    failure is reported, the rest of the process's stderr is discarded (only when `process`: main() runs as the
+    command, not as a call from Python); the exit code is `code`."""
+    print(message, file=sys.stderr, flush=True)
+    if not process:
+        return code
+    sys.stdout.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    sys.stderr = open(os.devnull, "w")  # Python-level writers too (tracebacks printed by threads at shutdown)
+    return code
 
 
 def _verify(args) -> int:
