@@ -20,6 +20,8 @@ so machine drift cancels; the printed ratio is baseline / lever (> 1: the lever 
   (which compiles) and a call after the weights changed (as after an update).
 - loss_bf16: the policy-gradient loss forward + backward under CPU autocast bfloat16 vs float32.
 - adamw_fused: fused AdamW step vs the for-each implementation.
+- decode_rows: seconds per 1000 decoded tokens at --rows vs 4x --rows (how bound by weight reads the step is).
+- loss_eager_attention: the shared-prompt loss forward + backward with eager attention vs SDPA (bf16 autocast).
 
 The model defaults to the catalog's SmolLM2-135M-Instruct (`coopflow models install smollm2-135m-instruct`),
 whose time is matmuls over 30 layers, not per-call overhead. Wait for a quiet machine before trusting numbers.
@@ -244,9 +246,72 @@ def lever_adamw_fused(model, tok, a) -> dict:
     return {"base_s": tb, "lever_s": tl}
 
 
+def lever_decode_rows(model, tok, a) -> dict:
+    """Throughput of the decode loop (bf16 matmuls, fused, HumanEval-length prompts, T 0.8 / top-k 50 / top-p
+    0.95) at `--rows` rows vs 4x as many: base_s / lever_s are seconds per 1000 decoded tokens, so the ratio is what
+    a 4x larger decode batch would buy per token. A run's decode batch is rollout_buffer_size x K items (on-policy:
+    the next update's items need this update's weights), so this measures how weight-read bound the step is, not a
+    setting coopflow can change on its own."""
+    from coopflow.stages.agents.decode import sample
+
+    def per_k_tokens(rows):
+        enc = tok(_humaneval_like(tok, rows), return_tensors="pt", padding=True)
+
+        def go():
+            torch.manual_seed(0)
+            sample(model, enc["input_ids"], enc["attention_mask"], a.tokens, 0.8, 50, 0.95, None, tok.pad_token_id,
+                   compute_dtype=torch.bfloat16)
+        return go, rows * a.tokens / 1000
+
+    (fb, kb), (fl, kl) = per_k_tokens(a.rows), per_k_tokens(4 * a.rows)
+    tb, tl = interleave(fb, fl, a.repeats)
+    return {"base_s": tb / kb, "lever_s": tl / kl, "rows_base": a.rows, "rows_lever": 4 * a.rows,
+            "call_s_base": tb, "call_s_lever": tl}
+
+
+def lever_loss_eager_attention(model, tok, a) -> dict:
+    """The policy loss forward + backward (shared prompts, bf16 autocast, HumanEval-length prompts, 4 prompts x
+    rows/4 completions) with attention as explicit matmul-softmax-matmul (`attn_implementation='eager'`) vs
+    PyTorch's SDPA (coopflow's default): which attention backward is faster on this CPU."""
+    from coopflow.stages.agents.decode import sample
+    from coopflow.stages.agents.logprobs import sequence_logprobs
+
+    eager, _ = load_agent_with(a.model, "eager")
+    enc = tok(_humaneval_like(tok, a.rows), return_tensors="pt", padding=True)
+    torch.manual_seed(0)
+    new = sample(model, enc["input_ids"], enc["attention_mask"], a.tokens, 1.0, 50, 1.0, tok.eos_token_id,
+                 tok.pad_token_id, compute_dtype=torch.bfloat16)
+    prompts = [[t for t, m in zip(r, mk) if m] for r, mk in zip(enc["input_ids"].tolist(),
+                                                                enc["attention_mask"].tolist())]
+    comps = [[t for t in r if t != tok.pad_token_id] or [tok.eos_token_id] for r in new.tolist()]
+
+    def run(m):
+        def go():
+            m.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = -sequence_logprobs(m, prompts, comps, tok.pad_token_id).mean()
+            loss.backward()
+            return loss.item()
+        return go
+
+    model.train(), eager.train()
+    tb, tl = interleave(run(model), run(eager), a.repeats)
+    l0, l1 = run(model)(), run(eager)()
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    return {"base_s": tb, "lever_s": tl, "loss_sdpa": round(l0, 4), "loss_eager": round(l1, 4)}
+
+
+def load_agent_with(model_dir: str, attention: str):
+    from coopflow.stages.agents.models import load_agent
+
+    return load_agent(model_dir, "float32", attention, "cpu")
+
+
 LEVERS = {"decode_bf16": lever_decode_bf16, "decode_fused": lever_decode_fused, "prefill_shared": lever_prefill_shared,
           "loss_shared_prompts": lever_loss_shared_prompts, "decode_static": lever_decode_static,
-          "decode_compile": lever_decode_compile, "loss_bf16": lever_loss_bf16, "adamw_fused": lever_adamw_fused}
+          "decode_compile": lever_decode_compile, "loss_bf16": lever_loss_bf16, "adamw_fused": lever_adamw_fused,
+          "decode_rows": lever_decode_rows, "loss_eager_attention": lever_loss_eager_attention}
 
 
 def main() -> int:

