@@ -163,9 +163,9 @@ def _humaneval_like(tok, rows: int):
                                     tokenize=False, add_generation_prompt=True) for i in range(4) for _ in range(k)]
 
 
-def lever_loss_shared_prompts(model, tok, a) -> dict:
+def _sampled_batch(model, tok, a) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt ids, completion ids) of 4 HumanEval-length prompts x rows/4 completions sampled with bf16 matmuls."""
     from coopflow.stages.agents.decode import sample
-    from coopflow.stages.agents.logprobs import sequence_logprobs
 
     enc = tok(_humaneval_like(tok, a.rows), return_tensors="pt", padding=True)
     torch.manual_seed(0)
@@ -174,6 +174,13 @@ def lever_loss_shared_prompts(model, tok, a) -> dict:
     prompts = [[t for t, m in zip(r, mk) if m] for r, mk in zip(enc["input_ids"].tolist(),
                                                                 enc["attention_mask"].tolist())]
     comps = [[t for t in r if t != tok.pad_token_id] or [tok.eos_token_id] for r in new.tolist()]
+    return prompts, comps
+
+
+def lever_loss_shared_prompts(model, tok, a) -> dict:
+    from coopflow.stages.agents.logprobs import sequence_logprobs
+
+    prompts, comps = _sampled_batch(model, tok, a)
     model.train()
 
     def run(share):
@@ -273,17 +280,10 @@ def lever_loss_eager_attention(model, tok, a) -> dict:
     """The policy loss forward + backward (shared prompts, bf16 autocast, HumanEval-length prompts, 4 prompts x
     rows/4 completions) with attention as explicit matmul-softmax-matmul (`attn_implementation='eager'`) vs
     PyTorch's SDPA (coopflow's default): which attention backward is faster on this CPU."""
-    from coopflow.stages.agents.decode import sample
     from coopflow.stages.agents.logprobs import sequence_logprobs
 
     eager, _ = load_agent_with(a.model, "eager")
-    enc = tok(_humaneval_like(tok, a.rows), return_tensors="pt", padding=True)
-    torch.manual_seed(0)
-    new = sample(model, enc["input_ids"], enc["attention_mask"], a.tokens, 1.0, 50, 1.0, tok.eos_token_id,
-                 tok.pad_token_id, compute_dtype=torch.bfloat16)
-    prompts = [[t for t, m in zip(r, mk) if m] for r, mk in zip(enc["input_ids"].tolist(),
-                                                                enc["attention_mask"].tolist())]
-    comps = [[t for t in r if t != tok.pad_token_id] or [tok.eos_token_id] for r in new.tolist()]
+    prompts, comps = _sampled_batch(model, tok, a)
 
     def run(m):
         def go():
