@@ -149,7 +149,7 @@ print("BENCH_RESULT " + json.dumps({"side": "coopflow", "env_steps": s["env_step
 
 
 def run_child(cmd: list[str], env: dict, timeout: float) -> dict:
-    """Run a child; meter it from outside (wall, others' busy cores) and sample its process tree's RSS."""
+    """Run a child; meter it from outside (wall, others' busy cores) and sample its process tree's RSS and PSS."""
     import psutil
 
     peak = [0, 0]  # RSS summed over the tree (4 samples/s), PSS summed over the tree (1 sample/s)
@@ -162,7 +162,8 @@ def run_child(cmd: list[str], env: dict, timeout: float) -> dict:
             p = holder.get("proc")
             if p is not None:
                 try:
-                    tree = [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
+                    root = psutil.Process(p.pid)
+                    tree = [root, *root.children(recursive=True)]
                     peak[0] = max(peak[0], sum(q.memory_info().rss for q in tree))
                     if n % 4 == 0:
                         peak[1] = max(peak[1], sum(pss_bytes(q.pid) for q in tree))

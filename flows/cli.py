@@ -122,7 +122,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    process = argv is None  # the `coopflow` command itself (not a call from Python): it owns the process's stderr
+    code = _dispatch(args)
+    if code and argv is None:  # the `coopflow` command itself (not a call from Python) failed: see _quiet_shutdown
+        _quiet_shutdown()
+    return code
+
+
+def _dispatch(args) -> int:
+    """Run the subcommand; the errors a user can act on become one line on stderr and an exit code."""
     try:
         from coopflow.artifacts import ArtifactError, StoreFullError
 
@@ -130,30 +137,29 @@ def main(argv: list[str] | None = None) -> int:
                 "flows": _flows, "models": _models, "verify": _verify, "gc": _gc, "ui": _ui,
                 "config-reference": _config_reference}[args.cmd](args)
     except KeyboardInterrupt:
-        return _last_words("interrupted; completed segments are checkpointed, rerun the same command to resume", 130,
-                           process)
+        print("interrupted; completed segments are checkpointed, rerun the same command to resume",
+              file=sys.stderr)
+        return 130
     except StoreFullError as err:  # one line: nothing is corrupted, only space is missing
-        return _last_words(f"coopflow: {err}", 4, process)
+        print(f"coopflow: {err}", file=sys.stderr)
+        return 4
     except ArtifactError as err:  # one line, with what to do, instead of a traceback
-        return _last_words(f"coopflow: {err}\n(run `coopflow verify --quarantine` to set every bad artifact aside; "
-                           "the next run recomputes them)", 3, process)
+        print(f"coopflow: {err}\n(run `coopflow verify --quarantine` to set every bad artifact aside; the next run "
+              "recomputes them)", file=sys.stderr)
+        return 3
 
 
-def _last_words(message: str, code: int, process: bool) -> int:
-    """Print the line that explains a failed run and make it the last thing on stderr: Prefect's shutdown (its
-    background services and the ephemeral server stopping at interpreter exit) can print a CancelledError
-    traceback after a flow ended by an exception, which would bury the one line that says what to do. Once the
-    failure is reported, the rest of the process's stderr is discarded (only when `process`: main() runs as the
-    command, not as a call from Python); the exit code is `code`."""
-    print(message, file=sys.stderr, flush=True)
-    if not process:
-        return code
+def _quiet_shutdown() -> None:
+    """Keep a failed command's own last line the last thing on stderr: Prefect's shutdown (its background services
+    and the ephemeral server stopping at interpreter exit) can print a CancelledError traceback after a flow ended
+    by an exception, which would bury the line that says what to do. Everything the command reported is written by
+    now; the rest of the process's stderr is discarded."""
     sys.stdout.flush()
+    sys.stderr.flush()
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
     os.close(devnull)
     sys.stderr = open(os.devnull, "w")  # Python-level writers too (tracebacks printed by threads at shutdown)
-    return code
 
 
 def _verify(args) -> int:

@@ -1,4 +1,4 @@
-"""The `coopflow` command's one-line failures stay the last line on stderr, whatever the process prints while it
+"""A failed `coopflow` command's one-line error stays the last line on stderr, whatever the process prints while it
 shuts down afterwards (Prefect's services and ephemeral server can print a CancelledError traceback at exit after a
 flow ended by an exception)."""
 
@@ -54,3 +54,17 @@ def test_called_from_python_the_error_is_returned_and_stderr_left_alone(monkeypa
     assert capsys.readouterr().err.strip() == "coopflow: no space left under /data"
     print("still here", file=sys.stderr)
     assert capsys.readouterr().err.strip() == "still here"
+
+
+def test_a_failure_returned_as_a_code_also_keeps_its_line_last():
+    """A subcommand that reports its own failure (one line, then a non-zero code, as `run` does for a config error
+    raised inside the flow) gets the same quiet shutdown."""
+    script = SCRIPT.replace('    raise {error}("{message}")',
+                            '    print("coopflow: {message}", file=sys.stderr)\n    return 2')
+    assert script != SCRIPT
+    message = "invalid config: trainer.num_generations: Input should be greater than or equal to 2"
+    r = subprocess.run([sys.executable, "-c", script.format(message=message)], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "CancelledError" not in r.stderr
+    assert r.stderr.strip().splitlines() == [f"coopflow: {message}"]
