@@ -36,7 +36,7 @@ from coopflow.stages.evaluate.evaluate import evaluate
 from coopflow.stages.evaluate.reward_drift import drift_metrics, drift_record
 from coopflow.stages.planning.context import (RunContext, formatters_for, joint_prompt_parts, processed_range,
                                   resolve_model_sources)
-from coopflow.stages.planning.keys import ROUND_STAGE_VERSION, declared_key, rm_round_key
+from coopflow.stages.planning.keys import declared_key, rm_round_key
 from coopflow.stages.loops.run import run_segments
 from coopflow.stages.loops.segment import acquire_policies, open_checkpoint
 from coopflow.stages.rollout.generate import SamplingConfig, generate_rollouts
@@ -45,7 +45,6 @@ from coopflow.stages.score.replay import sample_replay
 from coopflow.stages.score.scores import score_rewards
 from coopflow.stages.tasks.taskset import items_digest
 
-STAGE_VERSION = ROUND_STAGE_VERSION
 
 
 def round_keys(ctx: RunContext) -> list[str]:
@@ -54,7 +53,7 @@ def round_keys(ctx: RunContext) -> list[str]:
     for r in range(1, ctx.cfg.trainer.num_iterations + 1):
         prev = declared_key("round", "checkpoint", ctx.cfg, {
             "prev": prev, "round": r, "items": items_digest(ctx.train_items), "formatters": ctx.formatter_ids(),
-            "eval_items": items_digest(ctx.eval_items_used()), "reward": ctx.reward_id, "round_version": STAGE_VERSION})
+            "eval_items": items_digest(ctx.eval_items_used()), "reward": ctx.reward_id})
         out.append(prev)
     return out
 

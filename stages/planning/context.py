@@ -23,7 +23,8 @@ from coopflow.stages.agents.decode import resolve_compute_dtype
 from coopflow.stages.agents.models import build_tiny_model
 from coopflow.stages.planning import budget
 from coopflow.stages.planning.keys import segment_end_keys, segment_record_keys, start_key
-from coopflow.stages.planning.plan import (STAGE_VERSION, RunPlan, is_actor_critic, plan_segments, plan_updates,
+from coopflow.stages.common.stage_code import kind_code
+from coopflow.stages.planning.plan import (RunPlan, is_actor_critic, plan_segments, plan_updates,
                                trains_in_segments)
 from coopflow.stages.planning.session import Session
 from coopflow.stages.rollout.generate import SamplingConfig
@@ -154,7 +155,7 @@ def resolve_model_sources(sources: list[str], cfg: RunConfig, store: ArtifactSto
     for src in sources:
         if src == "tiny":
             a = cfg.agents
-            key = key_for("model", {"tiny": [a.tiny_hidden_size, a.tiny_num_layers], "v": STAGE_VERSION})
+            key = key_for("model", {"tiny": [a.tiny_hidden_size, a.tiny_num_layers], "code": kind_code("model")})
             ref = store.put_dir("model", key, lambda d: build_tiny_model(d, a.tiny_hidden_size, a.tiny_num_layers))
             paths.append(str(store.open_dir(ref)))
             ident.append({"model": key})

@@ -27,10 +27,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-STAGE_VERSION = "4"
-"""Version of the segment loop's keys: 4 = the sampler's fused top-p and RMSNorm (bf16-matmul runs sample other
-tokens than before); 3 = keys computed from the declared inputs below (2: hand-built specs)."""
-
 # --- inputs of each artifact kind ---------------------------------------------------------------------
 
 INPUTS: dict[str, tuple[str, ...]] = {
@@ -179,6 +175,49 @@ NOT_READ: dict[str, tuple[tuple[str, ...], str]] = {
 """Fields an algorithm's config accepts (for CoMLRL compatibility) but its run never reads."""
 
 
+# --- fields that name code ---------------------------------------------------------------------------
+
+CODE_FIELDS: tuple[str, ...] = ("reward.name", "reward.processor", "transition.name", "formatters", "eval_logger",
+                                "eval_aggregator", "metrics_callback", "centralized_adapter")
+"""Config fields that name code (a built-in name or an import path 'module:function'). Wherever a kind declares
+one (directly or through its section), the kind's key holds, beside the name, the digest of the code it names:
+its module and every module of the user's own that module imports (`code_identity.callable_identity`), so an
+edit of a formatter, a reward's helper or another module of the user's package recomputes what depends on it."""
+
+
+def code_of(cfg: BaseModel, path: str):
+    """Digest of the code config field `path` names (None when it names none: an unset hook, a template
+    formatter). Raises ValueError when the code cannot be imported (pre-flight reports that first)."""
+    from coopflow.stages.common.code_identity import callable_identity
+    from coopflow.stages.common.user_code import load_callable
+
+    found, value = _lookup(cfg, path)
+    if not found:
+        return None
+    if path == "reward.name":
+        from coopflow.stages.score.rewards import BUILTIN_REWARDS
+
+        return callable_identity(BUILTIN_REWARDS.get(value) or load_callable(value, "reward"))
+    if path == "reward.processor":
+        from coopflow.stages.score.rewards import resolve_processor
+
+        return callable_identity(resolve_processor(value))
+    if path == "transition.name":
+        from coopflow.stages.tasks.transitions import BUILTIN_TRANSITIONS
+
+        return None if value is None else callable_identity(BUILTIN_TRANSITIONS.get(value) or
+                                                            load_callable(value, "transition"))
+    if path == "formatters":
+        fmts = value if isinstance(value, list) else [value] if value else []
+        fns = [f.function if isinstance(f, BaseModel) else f.get("function") for f in fmts]
+        return [callable_identity(load_callable(fn, "formatter")) if fn else None for fn in fns]
+    if path == "centralized_adapter":
+        from coopflow.stages.tasks.centralized import adapter_identity
+
+        return None if value is None else adapter_identity(value, cfg.centralized_adapter_kwargs)["code"]
+    return None if value is None else callable_identity(load_callable(value, path))
+
+
 # --- reading the declared values of a config ----------------------------------------------------------
 
 
@@ -209,6 +248,11 @@ def declared_values(cfg: BaseModel, kind: str) -> dict[str, Any]:
         found, value = (False, None) if path.startswith("-") else _lookup(cfg, path)
         if found:
             out[path] = _without(path, value, left_out)
+    for field in CODE_FIELDS:  # the code a declared field names, beside its name
+        if any(covers(p, field) for p in INPUTS[kind] if not p.startswith("-")) and field not in left_out:
+            code = code_of(cfg, field)
+            if code is not None:
+                out[f"code:{field}"] = code
     return out
 
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from coopflow.artifacts import key_for
-from coopflow.stages.planning.inputs import STAGE_VERSION, declared_values
+from coopflow.stages.common.stage_code import kind_code
+from coopflow.stages.planning.inputs import declared_values
 from coopflow.stages.planning.plan import Update, is_actor_critic
 from coopflow.stages.tasks.taskset import items_digest
 
@@ -63,8 +64,9 @@ class UpdateKeys:
 
 def declared_key(kind: str, store_kind: str, cfg, upstream: dict) -> str:
     """The key of an artifact of `store_kind`: its upstream keys and identities, the config fields declared as
-    inputs of `kind`, and the loop's stage version."""
-    return key_for(store_kind, {"in": upstream, "cfg": declared_values(cfg, kind), "v": STAGE_VERSION})
+    inputs of `kind` (with the code digest of those that name code) and the digest of coopflow's code that
+    computes `kind` (`inputs.CODE`)."""
+    return key_for(store_kind, {"in": upstream, "cfg": declared_values(cfg, kind), "code": kind_code(kind)})
 
 
 def start_key(cfg, source_ident: dict, critic_ident: list | None) -> str:
@@ -103,21 +105,14 @@ def segment_record_keys(ctx: KeyContext, index: int) -> tuple[str, str]:
     """(steps key, metrics key) of segment `index` of the plan (see the module docstring)."""
     end = ctx.end_keys[index]
     start = ctx.end_keys[index - 1] if index else ctx.plan.start_key
-    steps = f"{end}-s{key_for('steps', {'start': start, 'end': end, 'v': STAGE_VERSION})[:12]}"
-    return steps, metrics_key(ctx, steps, SEGMENT_METRICS_VERSION)
+    steps = f"{end}-s{key_for('steps', {'start': start, 'end': end, 'code': kind_code('steps')})[:12]}"
+    return steps, metrics_key(ctx, steps)
 
 
-SEGMENT_METRICS_VERSION = "2"
-"""Version of what a training segment logs: 2 = each update's per-agent advantage statistics (and, with the
-clipped objective or local rewards, their statistics). A segment stored with older metrics replays its stored
-updates once to log the new ones."""
-
-
-def metrics_key(ctx: KeyContext, record_key: str, version: str | None = None) -> str:
-    """Key of the metric rows stored beside `record_key` (a segment's steps, a DPO run, a round)."""
+def metrics_key(ctx: KeyContext, record_key: str) -> str:
+    """Key of the metric rows stored beside `record_key` (a segment's steps, a DPO run, a round). A segment whose
+    metrics code changed replays its stored updates once to log the new metrics (no generation)."""
     upstream = {"of": record_key, "eval_reward": ctx.eval_reward()[2], "eval_items": items_digest(ctx.eval_items_used())}
-    if version is not None:
-        upstream["v"] = version
     m = declared_key("metrics", "metrics", ctx.cfg, upstream)
     return f"{record_key}-m{m[:12]}"
 
@@ -144,10 +139,7 @@ def segment_end_keys(ctx: KeyContext) -> tuple[str, ...]:
     return tuple(out)
 
 
-ROUND_STAGE_VERSION = "2"  # 2: round keys hold the declared round inputs (evaluation settings included)
-"""Stage version of the iterative rounds' keys (`stages.loops.rounds`), apart from the segment loop's."""
-
-
 def rm_round_key(round_key: str) -> str:
-    """Key of the reward model fitted in the iterative round whose checkpoint key is `round_key`."""
-    return key_for("reward_model", {"round": round_key, "v": ROUND_STAGE_VERSION})
+    """Key of the reward model fitted in the iterative round whose checkpoint key is `round_key` (which holds the
+    rounds' code digest)."""
+    return key_for("reward_model", {"round": round_key})

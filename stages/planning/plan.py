@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from coopflow.schemas.config import ALGORITHM_ADVANTAGE
 from coopflow.stages.planning import budget
 
-STAGE_VERSION = "2"  # 2: rollouts carry tree links (part of the rollouts and tiny-model keys)
 AC_ALGORITHMS = ("iac", "maac")
 
 

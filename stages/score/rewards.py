@@ -16,7 +16,6 @@ raw reward (`scale:100`, `clamp:-1:1`, ...), as the reference's `RewardProcessor
 """
 
 import functools
-import hashlib
 import inspect
 import logging
 import math
@@ -74,14 +73,13 @@ def declared_range(fn: Callable) -> tuple[float, float] | None:
 
 
 def reward_identity(name: str, kwargs: dict | None = None, processor: str | None = None) -> dict:
-    """What a cached score depends on: name, kwargs, processor and the function's source hash."""
+    """What a cached score depends on: name, kwargs, processor and the digest of the code the reward and the
+    processor run (their modules and what those import: `code_identity.callable_identity`)."""
+    from coopflow.stages.common.code_identity import callable_identity
+
     fn = BUILTIN_REWARDS.get(name) or load_callable(name, "reward")
-    try:
-        src = inspect.getsource(fn)
-    except (OSError, TypeError):
-        src = getattr(fn, "__qualname__", repr(fn))
-    return {"name": name, "kwargs": kwargs or {}, "processor": processor,
-            "source_sha256": hashlib.sha256(src.encode()).hexdigest()[:16]}
+    return {"name": name, "kwargs": kwargs or {}, "processor": processor, "code": callable_identity(fn),
+            "processor_code": callable_identity(resolve_processor(processor))}
 
 
 # --- dispatch ------------------------------------------------------------------------------------

@@ -136,11 +136,11 @@ def check_adapter(obj, what: str = "adapter", sequential: bool = False) -> None:
 
 
 def adapter_identity(spec: str | None, kwargs: dict | None = None) -> dict:
-    """What keys depend on: the adapter's name and its class's source fingerprint."""
-    from coopflow.stages.common.user_code import callable_fingerprint
+    """What keys depend on: the adapter's name, kwargs and the digest of the code it runs."""
+    from coopflow.stages.common.code_identity import callable_identity
 
     obj = load_adapter(spec, kwargs)
-    return {"adapter": spec or "tagged", "kwargs": kwargs or {}, "source": callable_fingerprint(type(obj))}
+    return {"adapter": spec or "tagged", "kwargs": kwargs or {}, "code": callable_identity(obj)}
 
 
 def split_roles(adapter, completion: str, item: dict, n: int) -> tuple[list[str], bool]:

