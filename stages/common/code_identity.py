@@ -171,9 +171,13 @@ def _strip_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
+def _read(path: str) -> bytes:
+    return Path(path).read_bytes()
+
+
 def _parse(path: str) -> tuple[str, tuple]:
     """(digest of the file's syntax tree without docstrings, the imports it makes anywhere in it)."""
-    raw = Path(path).read_bytes()
+    raw = _read(path)
     h = hashlib.sha256(raw).hexdigest()
     if h in _PARSED:
         return _PARSED[h]
@@ -200,6 +204,29 @@ def _parse(path: str) -> tuple[str, tuple]:
 def module_digest(path: str | Path) -> str:
     """Digest of one file's code: its syntax tree without docstrings (comments and formatting never reach it)."""
     return _parse(str(path))[0]
+
+
+class StaleModuleError(RuntimeError):
+    """A module was edited after this process imported it: a run now would compute with the old code under a key
+    that names the new code."""
+
+
+_LOADED: dict[str, tuple[int, str]] = {}
+"""module name -> (id of the module's spec when first digested, that digest): importlib.reload makes a new spec."""
+
+
+def _check_loaded(name: str, digest: str) -> None:
+    """Refuse to identify an imported module by code it is not running (edited on disk after import, not reloaded)."""
+    mod = sys.modules.get(name)
+    spec = getattr(mod, "__spec__", None) if mod is not None else None
+    if spec is None:
+        return  # not imported yet: it will be imported from the file the digest read
+    first = _LOADED.get(name)
+    if first is None or first[0] != id(spec):
+        _LOADED[name] = (id(spec), digest)
+    elif first[1] != digest:
+        raise StaleModuleError(f"module {name} was edited after this process imported it: its results would be "
+                               f"computed by the old code; restart the process (or importlib.reload({name}))")
 
 
 def _package_of(name: str, path: str) -> str:
@@ -233,15 +260,18 @@ def _targets(name: str, path: str, imp: tuple) -> list[str]:
 
 
 _CLOSURES: dict[tuple, tuple[tuple, dict[str, str]]] = {}
-"""(roots, stop) -> (the (path, mtime_ns, size) of every file read, the closure): reused while no file changed."""
+"""(roots, stop) -> (`_stat` of every module read, the closure): reused while no file changed and no module was
+imported anew (a reload, or another file under the same name)."""
 
 
-def _stat(path: str) -> tuple:
+def _stat(name: str, path: str) -> tuple:
+    mod = sys.modules.get(name)
+    spec = id(mod.__spec__) if mod is not None and getattr(mod, "__spec__", None) is not None else None
     try:
         st = Path(path).stat()
-        return path, st.st_mtime_ns, st.st_size
+        return name, path, spec, st.st_mtime_ns, st.st_size
     except OSError:
-        return path, None, None
+        return name, path, spec, None, None
 
 
 def module_closure(roots: Iterable[str], stop: tuple[str, ...] = ORCHESTRATION) -> dict[str, str]:
@@ -250,10 +280,10 @@ def module_closure(roots: Iterable[str], stop: tuple[str, ...] = ORCHESTRATION) 
     distributions those import. A root that cannot be found is recorded as missing."""
     memo_key = (tuple(roots), stop)
     found = _CLOSURES.get(memo_key)
-    if found is not None and all(_stat(f[0]) == f for f in found[0]):
+    if found is not None and all(_stat(*f[:2]) == f for f in found[0]):
         return found[1]
     out: dict[str, str] = {}
-    files: list[str] = []
+    files: list[tuple[str, str]] = []
     todo = [(r, True) for r in memo_key[0]]
     seen: set[str] = set()
     while todo:
@@ -271,8 +301,9 @@ def module_closure(roots: Iterable[str], stop: tuple[str, ...] = ORCHESTRATION) 
             continue
         if kind == "std" or any(name == e or name.startswith(e + ".") for e in EXCLUDED):
             continue
-        files.append(where)
+        files.append((name, where))
         digest, imports = _parse(where)
+        _check_loaded(name, digest)
         out[name] = digest
         if "." in name:  # a submodule runs its packages' __init__ first
             todo.append((name.rpartition(".")[0], False))
@@ -285,7 +316,7 @@ def module_closure(roots: Iterable[str], stop: tuple[str, ...] = ORCHESTRATION) 
                     continue  # coopflow imports optional extras (ray, peft, ...) where used: installing one changes nothing
                 todo.append((target, False))
     out = dict(sorted(out.items()))
-    _CLOSURES[memo_key] = (tuple(_stat(f) for f in files), out)
+    _CLOSURES[memo_key] = (tuple(_stat(*f) for f in files), out)
     return out
 
 
