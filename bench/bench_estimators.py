@@ -52,11 +52,11 @@ CHILD = r"""
 import json, sys
 from coopflow.artifacts import ArtifactStore
 from coopflow.schemas.config import validate_config
-from coopflow.stages.loops.run import run_direct
+from coopflow.flows.driver import run_inline
 from coopflow.stages.planning.context import make_context
 from coopflow.stages.tasks.taskset import build_taskset
 cfg = validate_config(json.load(open(sys.argv[1])))
-s = run_direct(cfg)
+s = run_inline(cfg)
 store = ArtifactStore.of(cfg)
 ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
 try:

@@ -44,8 +44,8 @@ REWARD_KEY = "eval/turn_1/reward_mean"
 COOPFLOW_CHILD = r"""
 import json, sys
 from coopflow.schemas.config import validate_config
-from coopflow.stages.loops.run import run_direct
-s = run_direct(validate_config(json.load(open(sys.argv[1]))))
+from coopflow.flows.driver import run_inline
+s = run_inline(validate_config(json.load(open(sys.argv[1]))))
 print("BENCH_RESULT " + json.dumps({"env_steps": s["env_steps"], "train_seconds": s["train_seconds"],
       "reward_first": s["reward_first"], "reward_last": s["reward_last"], "run_eval": s["eval"],
       "seconds": s["seconds"], "checkpoint": s["checkpoint"]}))

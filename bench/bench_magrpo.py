@@ -11,12 +11,13 @@ What one run does:
    (built by ../shared/bench/make_tiny_model.py; SHARED_DIR overrides the shared bench dir). The
    SAME model dirs are loaded by both sides.
 2. per workload: waits for a quiet machine, runs the peer harness (comlrl_peer.py) in the peer venv,
-   waits again, runs coopflow's direct path (stages.loops.run.run_direct) in a child process of this
+   waits again, runs coopflow's run driver with the inline runner (flows.driver.run_inline, what trainer.train()
+   runs; untracked) in a child process of this
    python with a fresh data dir. Both children are metered from here (wall, CPU, and how many cores
    *other* processes kept busy meanwhile: 'others_busy_cores', 0 = clean, ~2 = heavy contention).
 3. flow overhead (workload b, coopflow only): one child with a fresh COOPFLOW_HOME runs a warm-up flow
    (ephemeral Prefect server start, imports, MLflow DB creation excluded), then times
-   flows.train.train_magrpo(config=...) and stages.loops.run.run_direct(cfg) on the same fresh work
+   flows.train.train_magrpo(config=...) and flows.driver.run_inline(cfg) on the same fresh work
    (same config and seed; new taskset file and data dir, so nothing is cached; --flow-repeats pairs,
    median reported). Besides wall differences (noisy: the training loop alone varies ±10 % run to run), it
    reports the *accounted* overhead: per run, the wall time outside the stage functions both paths call
@@ -173,18 +174,18 @@ def _add_loop_rate(summary: dict, data_dir: Path) -> dict:
 
 
 def child_direct(spec: dict) -> None:
-    """Workload run: stages.loops.run.run_direct on a fresh data dir; prints MARK + summary JSON."""
+    """Workload run: flows.driver.run_inline on a fresh data dir; prints MARK + summary JSON."""
     import torch
 
     torch.set_num_threads(THREADS)
     from coopflow.schemas.config import load_config
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     cfg = load_config(base=spec["config"])
     # Warm the process before the clock starts, as the peer harness is warm when its clock starts (it
     # imports and loads the models before t0): the first from_pretrained of a process imports ~1000
-    # modules (torch.distributed, torch._dynamo, sympy, ...; ~2 s here) that run_direct would otherwise
-    # count in its train_seconds. run_direct still loads its own models inside its clock.
+    # modules (torch.distributed, torch._dynamo, sympy, ...; ~2 s here) that the run would otherwise
+    # count in its train_seconds. The run still loads its own models inside its clock.
     t0 = time.perf_counter()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -194,7 +195,7 @@ def child_direct(spec: dict) -> None:
 
     Meter = shared_common().Meter
     with Meter() as m:
-        summary = run_direct(cfg)
+        summary = run_inline(cfg)
     summary["inproc_meter"] = m.summary()
     summary["process_warmup_s"] = round(warm_s, 3)
     summary["torch_threads"] = torch.get_num_threads()
@@ -295,7 +296,7 @@ def child_flow(spec: dict) -> None:
 
     from coopflow.flows.train import train_magrpo
     from coopflow.schemas.config import load_config
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     out: dict = {"torch_threads": torch.get_num_threads(), "pairs": []}
     clock = StageClock()
@@ -318,7 +319,7 @@ def child_flow(spec: dict) -> None:
                     cfg = load_config(base=pair["direct"])
                     clock.take()
                     with TreeMeter() as m:
-                        direct = run_direct(cfg)
+                        direct = run_inline(cfg)
                     rec["direct"] = {"wall_s": m.wall, "meter": m.summary(), "stages_s": clock.take(),
                                      "summary": _add_loop_rate(direct, Path(pair["direct"]["data_dir"]))}
             out["pairs"].append(rec)
@@ -565,7 +566,7 @@ def print_table(results: dict) -> None:
             print("  ".join("-" * w for w in widths))
     if len(rows) > 1:
         print("st/s = env_steps/s (joint actions scored per train second; both sides exclude model loading); "
-              "cf = coopflow run_direct (train_seconds = update loop + checkpoint writes; 'cf loop' = "
+              "cf = coopflow run_inline (train_seconds = update loop + checkpoint writes; 'cf loop' = "
               "generate+score+update only); cf mode: seq = agents in one process, mp = a worker process per agent; "
               "peer = the fastest peer configuration of the repeat (tN: N torch threads, mp-tN: its parallel mode); "
               "GFLOP/s = matmul FLOPs of the work done (bench/flops.py) per second: peer over its train seconds, cf "
@@ -685,7 +686,7 @@ def main(argv: list[str] | None = None) -> int:
                     if first:
                         rec[f"{tag}_config"] = cfg
                         rec[f"{tag}_quiet"] = quiet
-                    log(f"workload {name}: coopflow run_direct ({mode})" + (f", repeat {rep + 1}" if rep else ""))
+                    log(f"workload {name}: coopflow run_inline ({mode})" + (f", repeat {rep + 1}" if rep else ""))
                     r = run_child("direct", {"config": cfg}, tmp, args.timeout)
                     if first:
                         rec[tag] = _strip(r)
@@ -731,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
             spec = {"home": str(home), "warmup": coopflow_config(w, warm_ts, None, seed=1001, max_new_tokens=4),
                     "pairs": pairs}
             fo: dict = {"spec": spec, "quiet": wait_quiet(args.quiet_wait)}
-            log(f"flow overhead: warm-up flow, then {args.flow_repeats}x (timed flow, timed run_direct) "
+            log(f"flow overhead: warm-up flow, then {args.flow_repeats}x (timed flow, timed run_inline) "
                 "on workload b in one process")
             r = run_child("flow", spec, tmp, args.timeout)
             fo["run"] = _strip(r)

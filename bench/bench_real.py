@@ -131,12 +131,12 @@ sys.path.insert(0, sys.argv[2])
 from exclusive_timers import T, timed
 from coopflow.schemas.config import validate_config
 import coopflow.stages.rollout.generate as G, coopflow.stages.update.policy_gradient as PG, coopflow.stages.agents.logprobs as LP
-from coopflow.stages.loops.run import run_direct
+from coopflow.flows.driver import run_inline
 G.generate_for_agent = timed("generate", G.generate_for_agent)
 PG.sequence_logprobs = timed("loss_forward", LP.sequence_logprobs)
 torch.Tensor.backward = timed("backward", torch.Tensor.backward)
 torch.optim.AdamW.step = timed("optimizer", torch.optim.AdamW.step)
-s = run_direct(validate_config(json.load(open(sys.argv[1]))))
+s = run_inline(validate_config(json.load(open(sys.argv[1]))))
 sec = s.get("seconds", {})
 split = {k: round(v, 2) for k, v in T.items()} if T.get("generate") else {}
 split.update({k: sec[k] for k in ("reward", "checkpoint") if k in sec})

@@ -27,13 +27,13 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     from coopflow.schemas.config import load_config
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     rows = []
     for config in args.configs:
         root = Path(tempfile.mkdtemp(prefix="coopflow-throughput-"))
         cfg = load_config(config, [f"taskset.num_items={args.items}", f"data_dir={root}"], algorithm=args.algorithm)
-        s = run_direct(cfg)
+        s = run_inline(cfg)
         rows.append((Path(config).stem, s["env_steps"], s["train_seconds"], s["env_steps"] / s["train_seconds"]))
         print(f"{rows[-1][0]}: {rows[-1][1]} env steps in {rows[-1][2]:.0f} s = {rows[-1][3]:.3f} env_steps/s",
               flush=True)

@@ -179,8 +179,8 @@ def _train_config(model_dir: Path, data: Path, device: str, items: int, tokens: 
 CHILD = """
 import json, sys
 from coopflow.schemas.config import validate_config
-from coopflow.stages.loops.run import run_direct
-s = run_direct(validate_config(json.load(open(sys.argv[1]))))
+from coopflow.flows.driver import run_inline
+s = run_inline(validate_config(json.load(open(sys.argv[1]))))
 print("RESULT " + json.dumps({k: s[k] for k in ("env_steps", "train_seconds", "env_steps_per_s", "reward_first",
                                                  "reward_last", "load_seconds", "seconds")}))
 """

@@ -18,14 +18,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from coopflow.schemas.config import load_config  # noqa: E402
-from coopflow.stages.loops.run import run_direct  # noqa: E402
+from coopflow.flows.driver import run_inline  # noqa: E402
 
 
 def one_seed(config: str, seed: int, root: Path, overrides: list[str], algorithm: str) -> dict:
     cfg = load_config(config, [*overrides, f"data_dir={root / str(seed)}", f"seed={seed}", "eval_before=true"],
                       algorithm=algorithm)
     t0 = time.time()
-    s = run_direct(cfg)
+    s = run_inline(cfg)
     return {"seed": seed, "before": s["eval_before"], "after": s["eval"], "reward_first": s["reward_first"],
             "reward_last": s["reward_last"], "env_steps": s["env_steps"], "train_seconds": s["train_seconds"],
             "wall_seconds": time.time() - t0}

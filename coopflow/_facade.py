@@ -415,23 +415,14 @@ class FacadeTrainer:
 
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
         """Evaluation metrics (`eval/turn_t/reward_mean`, …) of the current agents on the eval dataset."""
-        from coopflow.stages.common.seeds import derive_seed
-        from coopflow.stages.evaluate.evaluate import evaluate
+        from coopflow.flows import driver
         from coopflow.stages.agents.state import AgentState, Policies
-        from coopflow.stages.planning.context import formatters_for, make_context
-        from coopflow.stages.tasks.taskset import build_taskset
 
         cfg = self.run_config()
         self._prepare_tokenizers()
-        store = ArtifactStore.of(cfg)
-        ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
         pol = Policies([AgentState(m, t, self.args.agent_learning_rate) for m, t in zip(self.agents, self.tokenizers)])
         n = num_eval_samples if num_eval_samples is not None else (cfg.trainer.eval_num_samples or None)
-        caller, proc, _ = ctx.eval_reward()
-        _, metrics = evaluate(pol, ctx.eval_items[:n] if n else ctx.eval_items, formatters_for(ctx, pol),
-                              ctx.sampling, caller, proc, derive_seed(cfg.seed, "facade-eval"), ctx.episode,
-                              ctx.eval_hooks)
-        return metrics
+        return driver.evaluate_policies(cfg, driver.inline_runner(), pol, n, "facade-eval")
 
     def save_model(self, output_dir: str) -> None:
         """Write `agent_i/` (+ critics as the reference lays them out); the trained checkpoint when there is one."""

@@ -37,6 +37,7 @@ from coopflow.schemas.config import ConfigError, RunConfig
 from coopflow.stages.agents.checkpoint import policy_key_of
 from coopflow.stages.planning import context as C
 from coopflow.stages.loops import run as R
+from coopflow.stages.planning import keys as K
 from coopflow.stages.planning.keys import eval_key
 from coopflow.stages.loops.segment import SegmentResult, train_segment
 from coopflow.stages.tasks.taskset import build_taskset
@@ -156,6 +157,15 @@ def inline_runner(tags: dict[str, str] | None = None, label: str | None = None, 
     return Runner(STEPS, logging.getLogger("coopflow.run"), dict(tags or {}), label, session, sets_threads=False)
 
 
+def run_inline(cfg: RunConfig, show_progress: bool = False, session=None, continue_run: str | None = None,
+               tracking: bool = False, tags: dict[str, str] | None = None, label: str | None = None) -> dict:
+    """`run` with the inline runner: every step in this process, no Prefect server (tests, benchmarks, scripts).
+    `tracking=False` (the default here) runs without MLflow whatever the config says (tracking changes no key)."""
+    if not tracking and cfg.tracking.enabled:
+        cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"enabled": False})})
+    return run(cfg, inline_runner(tags, label, session), show_progress=show_progress, continue_run=continue_run)
+
+
 def run(cfg: RunConfig, runner: Runner, show_progress: bool = False, continue_run: str | None = None) -> dict:
     """Run a config's algorithm end to end with its default stages (the Python API's entry)."""
     if cfg.algorithm in ITERATIVE:
@@ -168,6 +178,24 @@ def run(cfg: RunConfig, runner: Runner, show_progress: bool = False, continue_ru
                               "the same config reuses them)")
         return preference(cfg, runner, show_progress=show_progress)
     return train(cfg, runner, show_progress=show_progress, continue_run=continue_run)
+
+
+def evaluate_policies(cfg: RunConfig, runner: Runner, policies, num_items: int | None, seed_name: str) -> dict:
+    """Evaluate live policies (the Python API's `trainer.evaluate()`) on the config's eval items (the first
+    `num_items`; all when None), after the same pre-flight and with the same context as a run; nothing stored."""
+    from coopflow.stages.common.seeds import derive_seed
+    from coopflow.stages.evaluate.evaluate import evaluate
+
+    store = open_store(cfg, runner)
+    ctx = C.make_context(cfg, store, runner("build-taskset", cfg, store), session=runner.session)
+    try:
+        caller, proc, _ = ctx.eval_reward()
+        items = ctx.eval_items[:num_items] if num_items else ctx.eval_items
+        _, metrics = evaluate(policies, items, C.formatters_for(ctx, policies), ctx.sampling, caller, proc,
+                              derive_seed(cfg.seed, seed_name), ctx.episode, ctx.eval_hooks)
+    finally:
+        ctx.session.close()
+    return metrics
 
 
 # --- train (MAGRPO family, actor-critic) -----------------------------------------------------------
@@ -220,7 +248,13 @@ def _training_stages(stages, refresh, rescore_from) -> tuple[list[str], list[str
 
 
 def open_store(cfg: RunConfig, runner: Runner) -> ArtifactStore:
-    """The run's store (temp dirs of killed writers cleared), after setting this process's torch threads."""
+    """The run's store (temp dirs of killed writers cleared), after the pre-flight (`stages.operations.preflight`:
+    the data dir, the user code the config names, sandbox isolation when required, the taskset's rows, the disk;
+    PreflightError with one line naming what is wrong, before any model loads) and setting this process's torch
+    threads. Every entry point opens its run's store here, so every one gets the same refusals."""
+    from coopflow.stages.operations.preflight import preflight
+
+    preflight(cfg)
     if runner.sets_threads or cfg.agents.torch_threads:
         from coopflow.stages.common.threads import apply_threads
 
@@ -418,7 +452,7 @@ def preference(cfg: RunConfig, runner: Runner, stages: list[str] | None = None, 
     ctx = P.preference_context(cfg, store, taskset, runner.session)
     tracker = tracker_for(cfg)
     with _closing(ctx, tracker):
-        log = RunLog.start(ctx, runner, tracker, P.pairs_key(ctx), dict(runner.tags))
+        log = RunLog.start(ctx, runner, tracker, K.pairs_key(ctx), dict(runner.tags))
         log.artifacts(taskset=taskset)
         cand, scores = runner("generate-candidates", ctx)
         pairs = runner("build-pairs", ctx, cand, scores)
@@ -475,7 +509,7 @@ def iterative(cfg: RunConfig, runner: Runner, max_new_rounds: int | None = None,
     store = open_store(cfg, runner)
     taskset = runner("build-taskset", cfg, store)
     ctx = C.make_context(cfg, store, taskset, session=runner.session)
-    keys = I.round_keys(ctx)
+    keys = K.round_keys(ctx)
     parent = tracker_for(cfg)
     with _closing(ctx, parent):
         run_id = _parent_run(parent, keys[0], cfg, runner)

@@ -3,6 +3,7 @@ store helpers and the stage loops run directly (untracked) to fill a store."""
 
 import time
 
+from coopflow.artifacts import ArtifactStore
 from coopflow.stages.score.rewards import length_ratio
 
 
@@ -214,33 +215,15 @@ def remove_segment(store, key: str) -> list[tuple[str, str]]:
     return records
 
 
-def run_stages(cfg, store, show_progress: bool = False, session=None) -> dict:
-    """The algorithm's stage loops called directly in this process, untracked and unlocked (what the fault tests'
-    kill-and-rerun children and the disk tests run to fill a store); `session` may carry live agents."""
-    if cfg.algorithm in ("madpo-iter", "marlhf-iter"):
-        from coopflow.stages.agents.checkpoint import CheckpointLayout
-        from coopflow.stages.loops import rounds as I
-        from coopflow.stages.planning.context import make_context
-        from coopflow.stages.tasks.taskset import build_taskset
+def run_stages(cfg, store=None, show_progress: bool = False, session=None) -> dict:
+    """A run of any algorithm through the one driver with the inline runner, untracked (what the fault tests'
+    kill-and-rerun children and the disk tests run to fill a store); `session` may carry live agents. `store`, when
+    given, must be the config's own."""
+    from coopflow.flows.driver import run_inline
 
-        ctx = make_context(cfg, store, build_taskset(cfg.taskset, store), session=session)
-        try:
-            rounds = I.run_rounds(ctx, show_progress=show_progress)
-        finally:
-            ctx.session.close()
-        ckpt = store.open_dir(rounds[-1]["checkpoint"])
-        return {"algorithm": cfg.algorithm, "completed_rounds": len(rounds), "checkpoint": str(ckpt),
-                "eval": I.round_eval(store, rounds[-1]["metrics"]), "executed": ctx.session.executed(),
-                "env_steps": CheckpointLayout(ckpt).trainer_state().get("env_step", 0)}
-    if cfg.algorithm in ("madpo", "marlhf"):
-        from coopflow.stages.loops.preference import run_preference_direct
-
-        out = run_preference_direct(cfg, store, session)
-        out.pop("metrics", None)
-        return {"algorithm": cfg.algorithm, **out}
-    from coopflow.stages.loops.run import run_direct
-
-    return {"algorithm": cfg.algorithm, **run_direct(cfg, store, show_progress, session=session)}
+    if store is not None:
+        assert store.root == ArtifactStore.of(cfg).root, (store.root, cfg.data_dir)
+    return {"algorithm": cfg.algorithm, **run_inline(cfg, show_progress, session=session)}
 
 
 def paced_length_ratio(c1, c2):

@@ -218,13 +218,13 @@ def test_actor_critic_learns_the_length_ratio_task(tmp_path, algo):
     """The shipped IAC / MAAC configs over seeds 0-2: the shared length-ratio reward rises on the tiny model
     (measured gains over seeds 0-4: IAC +0.33 … +0.52, MAAC +0.23 … +0.55; eval 0.65 … 0.98)."""
     from coopflow.schemas.config import load_config
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     gains, evals = [], []
     for seed in LEARNING_SEEDS:
         cfg = load_config(f"configs/{algo}-story.yaml", [f"data_dir={tmp_path / str(seed)}", f"seed={seed}"],
                           algorithm=algo)
-        s = run_direct(cfg)
+        s = run_inline(cfg)
         gains.append(s["reward_last"] - s["reward_first"])
         evals.append(s["eval"]["eval/turn_1/reward_mean"])
     assert_learns(gains, 0.2)
@@ -246,11 +246,11 @@ def test_metrics_callback_domain_metrics_are_logged_per_update(tmp_path):
 @pytest.mark.parametrize("algo", ["iac", "maac"])
 def test_refit_critic_from_stored_samples_lowers_value_loss_without_generating(tmp_path, algo):
     from coopflow.stages.tasks.taskset import build_taskset
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     cfg = validate_config(_cfg(tmp_path, critic={"critic_model": "tiny", "refit_epochs": 8,
                                                  "refit_learning_rate": 3e-3}), algo)
-    run_direct(cfg)
+    run_inline(cfg)
     store = ArtifactStore(tmp_path / "artifacts")
     ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
     ends = list(ctx.end_keys)
@@ -272,10 +272,10 @@ def test_mp_workers_match_in_process_actor_critic(tmp_path, algo, devices, pinne
     """IAC critics live in the agents' worker processes, MAAC's critic in the main one: same results as in-process."""
     from safetensors.torch import load_file
 
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
-    local = run_direct(validate_config(_cfg(tmp_path / "local"), algo))
-    par = run_direct(validate_config(_cfg(tmp_path / "mp", trainer={"parallel_training": "mp",
+    local = run_inline(validate_config(_cfg(tmp_path / "local"), algo))
+    par = run_inline(validate_config(_cfg(tmp_path / "mp", trainer={"parallel_training": "mp",
                                                                       "agent_devices": ["cpu", "cpu"], **devices}), algo))
     assert par["reward_last"] == local["reward_last"] and par["eval"] == local["eval"]
     sub = "agent_1/critic" if algo == "iac" else "critic"
@@ -288,12 +288,12 @@ def test_mp_workers_match_in_process_actor_critic(tmp_path, algo, devices, pinne
 @pytest.mark.parametrize("algo", ["iac", "maac"])
 def test_multi_turn_actor_critic_with_reference_kl_runs_td_targets_over_turns(tmp_path, algo):
     from coopflow.stages.tasks.taskset import build_taskset
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     cfg = validate_config(_cfg(tmp_path, transition={"name": "plain"},
                                trainer={"num_turns": 2, "early_termination_threshold": None,
                                         "reference_kl_enabled": True, "reference_kl_coef": 0.5}), algo)
-    s = run_direct(cfg)
+    s = run_inline(cfg)
     assert s["env_steps"] == 4 * 2 and set(s["eval"]) >= {"eval/turn_2/reward_mean"}
     store = ArtifactStore(tmp_path / "artifacts")
     ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))

@@ -7,7 +7,7 @@ import pytest
 from coopflow.artifacts import ArtifactStore
 from coopflow.schemas.config import validate_config
 from coopflow.stages.agents.models import build_tiny_model
-from coopflow.stages.loops.run import run_direct
+from coopflow.flows.driver import run_inline
 from tests.conftest import small_config
 
 
@@ -22,7 +22,7 @@ def test_heterogeneous_agents_with_own_tokenizers_and_formatters(tmp_path, two_m
     a, b = two_models
     cfg = validate_config(small_config(tmp_path, agents={"agent_model": None, "agents": [str(a), str(b)]},
                                        formatters=[{"template": "Briefly: {prompt}"}, {"template": "At length: {prompt}"}]))
-    s = run_direct(cfg)
+    s = run_inline(cfg)
     ck = json.loads((__import__("pathlib").Path(s["checkpoint"]) / "agent_1" / "config.json").read_text())
     assert ck["hidden_size"] == 32 and ck["num_hidden_layers"] == 3
     store = ArtifactStore(tmp_path / "artifacts")
@@ -38,7 +38,7 @@ def test_heterogeneous_agents_with_own_tokenizers_and_formatters(tmp_path, two_m
 def test_single_agent_is_grpo(tmp_path):
     cfg = validate_config(small_config(tmp_path, agents={"agent_model": "tiny", "num_agents": 1},
                                        reward={"name": "tests.helpers:near_forty_chars"}))
-    s = run_direct(cfg)
+    s = run_inline(cfg)
     assert s["env_steps"] == 4 * 2  # items x K
     assert (__import__("pathlib").Path(s["checkpoint"]) / "agent_0").is_dir()
     assert not (__import__("pathlib").Path(s["checkpoint"]) / "agent_1").exists()
@@ -47,7 +47,7 @@ def test_single_agent_is_grpo(tmp_path):
 def test_cross_mode_scores_k_to_the_n_joint_actions(tmp_path):
     trainer = {**small_config(tmp_path)["trainer"], "joint_mode": "crossed", "num_generations": 3}
     cfg = validate_config(small_config(tmp_path, trainer=trainer))
-    s = run_direct(cfg)
+    s = run_inline(cfg)
     assert s["env_steps"] == 4 * 3 ** 2
 
 

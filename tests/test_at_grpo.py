@@ -67,10 +67,10 @@ def test_greedy_trees_continue_from_each_nodes_best_joint_action(tmp_path):
     node's parent is the best-rewarded joint action of its parent (the first of equals); returns are the turn's own
     rewards (one candidate cannot continue where the others did not)."""
     from coopflow.artifacts import ArtifactStore
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     cfg = multiturn_config(tmp_path, num_turns=3, tree_expansion="best")
-    s = run_direct(cfg)
+    s = run_inline(cfg)
     assert s["env_steps"] == 4 * 3 * 2
     store = ArtifactStore(cfg.resolved_data_dir() / "artifacts")
     rollouts, scores, adv = (_all(store, kind) for kind in ("rollouts", "scores", "advantages"))

@@ -47,12 +47,12 @@ def test_a_generate_call_counts_prompts_once_and_each_sampled_token(tmp_path):
 
 def test_a_coopflow_runs_work_is_read_from_its_rollouts(tmp_path, tiny_model_dir):
     from coopflow.schemas.config import load_config
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     cfg = load_config(REPO / "configs" / "magrpo-story.yaml",
                       [f"agents.agent_model={tiny_model_dir}", f"data_dir={tmp_path / 'data'}", "taskset.num_items=2",
                        "trainer.num_train_epochs=1", "trainer.max_new_tokens=4"], algorithm="magrpo")
-    run_direct(cfg)
+    run_inline(cfg)
     w = flops.coopflow_work(tmp_path / "data", tiny_model_dir)
     # 2 items x 2 agents, one call each (rbs 1); K=4 samples of at most 4 tokens per call
     assert w.calls == 4 and 0 < w.sampled_tokens <= 4 * 4 * 4

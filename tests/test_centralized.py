@@ -8,7 +8,7 @@ import torch
 from coopflow.artifacts import ArtifactStore
 from coopflow.schemas.config import ConfigError, validate_config
 from coopflow.stages.agents.checkpoint import CheckpointLayout
-from coopflow.stages.loops.run import run_direct
+from coopflow.flows.driver import run_inline
 from coopflow.stages.tasks.centralized import (CentralizedComparatorParseError, CentralizedReward, TaggedAdapter,
                                       split_roles)
 from coopflow.stages.score.rewards import RewardCaller
@@ -94,7 +94,7 @@ def test_run_trains_one_actor_and_counts_env_steps(tmp_path):
             "eval_aggregator": "tests.helpers:recording_eval_aggregator"}
     data["agents"] = {**data["agents"], "num_agents": 3}
     data["reward"] = {"name": "tests.helpers:last_two_length_ratio"}
-    s = run_direct(validate_config(data))
+    s = run_inline(validate_config(data))
     assert s["env_steps"] == 4 * 2
     lay = CheckpointLayout(Path(s["checkpoint"]))
     assert lay.agent(0).is_dir() and not lay.agent(1).exists()
@@ -103,8 +103,9 @@ def test_run_trains_one_actor_and_counts_env_steps(tmp_path):
     assert len(roles) == 3 and all(len(r) == 2 for r in roles)  # [role][eval item][turn]
     # the tagged adapter on a random tiny model: no sections, every joint answer a parse failure, reward 0
     cfg = validate_config(centralized(tmp_path / "tagged", adapter=None))
-    store, refs = ArtifactStore(tmp_path / "tagged" / "artifacts"), []
-    t = run_direct(cfg, store, metrics_refs=refs)
+    t = run_inline(cfg)
+    store = ArtifactStore(tmp_path / "tagged" / "artifacts")
+    refs = [store.find(kind, key) for kind, key in store.artifacts() if kind == "metrics"]
     rates = [r["value"] for ref in refs for r in store.read_rows(ref) if r["key"] == "centralized/parse_failure_rate"]
     assert rates and all(v == 1.0 for v in rates)
     assert t["reward_first"] == t["reward_last"] == 0.0
@@ -118,7 +119,7 @@ def test_centralized_run_learns(tmp_path):
         d = tmp_path / f"s{seed}"
         data = centralized(d, num_train_epochs=2, num_generations=4, max_new_tokens=48, rollout_buffer_size=1)
         data.update(seed=seed, taskset={"name": "story-length-ratio", "num_items": 16, "num_eval_items": 4})
-        s = run_direct(validate_config(data))
+        s = run_inline(validate_config(data))
         gains.append(s["reward_last"] - s["reward_first"])
     assert_learns(gains, 0.3)
 
@@ -168,9 +169,9 @@ def _pref(tmp, algorithm, adapter="tests.helpers:FixedSplitAdapter", **trainer):
 @pytest.mark.parametrize("algorithm, extra", [("madpo", {"num_train_epochs": 1}),
                                               ("marlhf", {"num_train_epochs": 1, "reward_num_train_epochs": 1})])
 def test_centralized_madpo_and_marlhf_train_one_joint_actor(tmp_path, algorithm, extra):
-    from coopflow.stages.loops.preference import run_preference_direct
+    from coopflow.flows.driver import run_inline
 
-    out = run_preference_direct(_pref(tmp_path, algorithm, collaboration_mode="centralized", **extra))
+    out = run_inline(_pref(tmp_path, algorithm, collaboration_mode="centralized", **extra))
     lay = CheckpointLayout(Path(out["checkpoint"]))
     assert lay.agent(0).is_dir() and not lay.agent(1).exists()
     store = ArtifactStore(tmp_path / "artifacts")

@@ -124,18 +124,18 @@ def test_a_clipped_two_epoch_run_with_agent_normalization_logs_its_statistics(tm
     policy (> 0: the second pass sees a moved policy) and each agent's advantage statistics (Dr. MAS scope: std 1
     whenever an agent's advantages are not all equal)."""
     from coopflow.schemas.config import validate_config
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
     from tests.conftest import small_config
 
     base = small_config(tmp_path)
     cfg = validate_config(small_config(tmp_path, trainer={
         **base["trainer"], "train_batch_size": 1, "num_policy_epochs": 2, "clip_range": 0.2,
         "advantage_normalization_scope": "agent"}))
-    s = run_direct(cfg)
+    s = run_inline(cfg)
     m = _metric_keys(cfg)
     for a in (0, 1):
         assert 0.0 <= m[f"agent_{a}/clip_fraction"] <= 1.0
         assert m[f"agent_{a}/approx_kl"] > 0.0
         assert m[f"agent_{a}/advantage_std"] in (pytest.approx(0.0), pytest.approx(1.0))
-    again = run_direct(cfg)
+    again = run_inline(cfg)
     assert "update" not in again["executed"] and again["checkpoint"] == s["checkpoint"]

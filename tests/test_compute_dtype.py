@@ -11,7 +11,7 @@ import torch
 from coopflow.stages.agents.spec import AgentSpec
 from coopflow.schemas.config import validate_config
 from coopflow.stages.agents import decode as FD
-from coopflow.stages.loops.run import run_direct
+from coopflow.flows.driver import run_inline
 from tests.conftest import small_config
 
 BF16 = {"agent_model": "tiny", "num_agents": 2, "compute_dtype": "bfloat16"}
@@ -44,13 +44,13 @@ def test_bf16_loss_is_close_to_float32_and_leaves_weights_float32(tiny_model_dir
 
 
 def test_the_setting_reaches_worker_processes_and_enters_the_keys(tmp_path, pinned_threads):
-    local = run_direct(validate_config(small_config(tmp_path / "local", agents=BF16)))
-    mp = run_direct(validate_config(small_config(tmp_path / "mp", agents=BF16, trainer={
+    local = run_inline(validate_config(small_config(tmp_path / "local", agents=BF16)))
+    mp = run_inline(validate_config(small_config(tmp_path / "mp", agents=BF16, trainer={
         **small_config(tmp_path)["trainer"], "parallel_training": "mp", "agent_devices": ["cpu", "cpu"]})))
     assert Path(mp["checkpoint"]).name == Path(local["checkpoint"]).name
     wl, wm = _weights(Path(local["checkpoint"])), _weights(Path(mp["checkpoint"]))
     assert all(torch.allclose(wl[k], wm[k], atol=1e-6) for k in wl)
-    plain = run_direct(validate_config(small_config(tmp_path / "plain")))
+    plain = run_inline(validate_config(small_config(tmp_path / "plain")))
     assert Path(plain["checkpoint"]).name != Path(local["checkpoint"]).name  # bf16 runs never reuse float32 work
     assert not all(torch.equal(wl[k], v) for k, v in _weights(Path(plain["checkpoint"])).items())
 
@@ -78,8 +78,8 @@ def test_chunk_rows_cover_every_row_within_the_token_cap():
 def test_chunked_loss_passes_train_the_same_weights(tmp_path, pinned_threads):
     """trainer.loss_chunk_tokens: the minibatch's loss as several forward/backward passes whose gradients add up
     gives the one-pass weights (up to float summation order), under its own keys."""
-    whole = run_direct(validate_config(small_config(tmp_path / "whole")))
-    chunked = run_direct(validate_config(small_config(tmp_path / "chunked", trainer={
+    whole = run_inline(validate_config(small_config(tmp_path / "whole")))
+    chunked = run_inline(validate_config(small_config(tmp_path / "chunked", trainer={
         **small_config(tmp_path)["trainer"], "loss_chunk_tokens": 24})))
     assert Path(chunked["checkpoint"]).name != Path(whole["checkpoint"]).name
     ww, wc = _weights(Path(whole["checkpoint"])), _weights(Path(chunked["checkpoint"]))

@@ -73,13 +73,13 @@ def test_sources_bundled_file_and_errors(tmp_path):
 
 
 def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     cfg = load_config("configs/magrpo-arxiv.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 16,
         "taskset.num_items": 2, "formatters": [{"function": "coopflow.envs.arxiv:background_prompt"},
                                                {"function": "coopflow.envs.arxiv:method_prompt"}]},
         algorithm="magrpo")
-    s = run_direct(cfg)
+    s = run_inline(cfg)
     assert s["env_steps"] == 2 * 4 and 0.0 <= s["eval"]["eval/turn_1/reward_mean"] <= 3.0
     assert {"eval/arxiv/level1_mean", "eval/arxiv/in_word_range_rate"} <= set(s["eval"])

@@ -127,14 +127,14 @@ def test_eval_hooks_report_pass_at_k_over_samples_per_problem(problems):
 
 def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
     """The pipeline with the coding env (the tiny random model scores 0; the real run is in the README)."""
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     cfg = load_config("configs/magrpo-humaneval.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 16,
         "taskset.num_items": 4, "taskset.num_eval_items": 2,
         "formatters": [{"function": "coopflow.envs.coding:helper_prompt"},   # the tiny model has no chat template
                        {"function": "coopflow.envs.coding:main_prompt"}]}, algorithm="magrpo")
-    s = run_direct(cfg)
+    s = run_inline(cfg)
     assert s["env_steps"] == 4 * 4 and {"eval/pass@1", "eval/valid_rate", "eval/test_reward_mean"} <= set(s["eval"])
     assert 0.0 <= s["eval"]["eval/turn_1/reward_mean"] <= 1.0
 
@@ -206,7 +206,7 @@ def test_coophumaneval_from_a_local_file_first_16_to_eval(tmp_path):
 
 
 def test_multi_turn_level_feedback_runs_end_to_end_on_the_tiny_model(tmp_path):
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     cfg = load_config("configs/magrpo-humaneval.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 12,
@@ -215,7 +215,7 @@ def test_multi_turn_level_feedback_runs_end_to_end_on_the_tiny_model(tmp_path):
         "taskset.num_items": 2, "taskset.num_eval_items": 2,
         "formatters": [{"function": "coopflow.envs.coding:helper_prompt"},
                        {"function": "coopflow.envs.coding:main_prompt"}]}, algorithm="magrpo")
-    s = run_direct(cfg)
+    s = run_inline(cfg)
     assert s["env_steps"] == 2 * (2 + 2 * 2)  # items x (K root joint actions + K children x K)
     assert "eval/turn_2/reward_mean" in s["eval"]
 

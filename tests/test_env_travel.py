@@ -75,7 +75,7 @@ def test_malformed_answers_score_zero_calls_and_never_raise(tasks):
 
 
 def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     cfg = load_config("configs/magrpo-travel.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 12,
@@ -83,6 +83,6 @@ def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
         "taskset.num_items": 2, "taskset.num_eval_items": 2,
         "formatters": [{"function": "coopflow.envs.travel:planner_prompt"},
                        {"function": "coopflow.envs.travel:executor_prompt"}]}, algorithm="magrpo")
-    s = run_direct(cfg)
+    s = run_inline(cfg)
     assert s["env_steps"] == 2 * (2 + 2 * 2)  # items x (K root joint actions + K children x K)
     assert {"eval/travel/final_state_match_rate", "eval/turn_2/reward_mean"} <= set(s["eval"])

@@ -44,12 +44,12 @@ def test_eval_hooks_report_lengths_ratio_and_target_rates():
 
 
 def test_shipped_config_runs_end_to_end_on_the_tiny_model(tmp_path):
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     cfg = load_config("configs/magrpo-tldr.yaml", {
         "data_dir": str(tmp_path), "agents.agent_model": "tiny", "trainer.max_new_tokens": 24,
         "taskset.num_items": 4, "formatters": None}, algorithm="magrpo")  # the tiny model has no chat template
-    s = run_direct(cfg)
+    s = run_inline(cfg)
     assert s["env_steps"] == 4 * 4 and -1.0 <= s["eval"]["eval/turn_1/reward_mean"] <= 1.0
     assert {"eval/short/char_length_mean", "eval/ratio_in_range_rate"} <= set(s["eval"])
 

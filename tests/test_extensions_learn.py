@@ -20,7 +20,7 @@ SINGLE_TURN = {
 @pytest.mark.parametrize("method", sorted(SINGLE_TURN))
 def test_single_turn_extension_learns(tmp_path, method):
     from coopflow.schemas.config import validate_config
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     gains = []
     for seed in LEARNING_SEEDS:
@@ -29,7 +29,7 @@ def test_single_turn_extension_learns(tmp_path, method):
             d, seed=seed, taskset={"name": "story-length-ratio", "num_items": 16, "num_eval_items": 4},
             trainer={**small_config(d)["trainer"], "num_train_epochs": 2, "num_generations": 4, "max_new_tokens": 32,
                      "rollout_buffer_size": 1, **SINGLE_TURN[method]}))
-        s = run_direct(cfg)
+        s = run_inline(cfg)
         gains.append(s["reward_last"] - s["reward_first"])
     assert_learns(gains, 0.15)
 
@@ -37,12 +37,12 @@ def test_single_turn_extension_learns(tmp_path, method):
 @pytest.mark.slow
 def test_at_grpo_multiturn_learns(tmp_path):
     from coopflow.schemas.config import load_config
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     gains = []
     for seed in LEARNING_SEEDS:
         cfg = load_config("configs/at-grpo-multiturn.yaml", [f"data_dir={tmp_path / str(seed)}", f"seed={seed}"],
                           algorithm="magrpo")
-        s = run_direct(cfg)
+        s = run_inline(cfg)
         gains.append(s["reward_last"] - s["reward_first"])
     assert_learns(gains, 0.15)

@@ -146,9 +146,11 @@ def test_public_attributes_critic_counts_and_references(tiny_model_dir, tmp_path
     sep = IACTrainer(agent_model=src, critic_model=src, reward_func=length_ratio, args=_small(IACConfig),
                      data_dir=str(tmp_path))
     assert len(sep.critics) == 2 and len(sep.critic_optimizers) == 2
+    assert sep.critic_models is sep.critics and shared.critic_models == []
     maac = MAACTrainer(agent_model=src, critics=[src], reward_func=length_ratio, args=_small(MAACConfig),
                        data_dir=str(tmp_path))
     assert len(maac.critics) == 1 and len(maac.critic_optimizers) == 1
+    assert maac.critic_model is maac.critics[0] and maac.agent_model_name == maac.model_name == src
     assert MAGRPOTrainer(agent_model=src, reward_func=length_ratio, args=_small(MAGRPOConfig)).reference_models == []
     kl = MAGRPOTrainer(agent_model=src, reward_func=length_ratio,
                        args=_small(MAGRPOConfig, reference_kl_enabled=True))

@@ -8,7 +8,7 @@ import pytest
 from coopflow.artifacts import ArtifactStore
 from coopflow.schemas.config import validate_config
 from coopflow.stages.agents.checkpoint import find_checkpoint, is_weights_only, weights_only_key
-from coopflow.stages.loops.run import run_direct
+from coopflow.flows.driver import run_inline
 from tests.conftest import small_config
 
 ONE_PER_SEGMENT = {**small_config(Path("."))["trainer"], "rollout_buffer_size": 1}  # 4 updates -> 4 segments
@@ -32,10 +32,10 @@ def test_intermediate_checkpoints_drop_optimizer_state_and_resume_stays_exact(tm
     """checkpoint_optimizer: last (the default): every segment checkpoint but the final one is weights-only; killing
     the run after its third checkpoint (the rest deleted) and rerunning replays from the last full checkpoint
     and ends with the weights of a run that kept every optimizer state."""
-    full = run_direct(validate_config(_cfg(tmp_path / "all", checkpoint_optimizer="all")))
+    full = run_inline(validate_config(_cfg(tmp_path / "all", checkpoint_optimizer="all")))
     last_cfg = validate_config(_cfg(tmp_path / "last"))
     assert last_cfg.checkpoint_optimizer == "last"
-    last = run_direct(last_cfg)
+    last = run_inline(last_cfg)
     store = ArtifactStore(tmp_path / "last" / "artifacts")
     ckpts = [key for _, key in store.artifacts("checkpoint")]
     final = Path(last["checkpoint"]).name
@@ -53,7 +53,7 @@ def test_intermediate_checkpoints_drop_optimizer_state_and_resume_stays_exact(tm
     # --- "killed" after segment 3: the end checkpoint and segment 4's manifests are gone, 3 is weights-only
     for kind in ("checkpoint", "steps", "metrics"):
         store.remove(kind, final)
-    resumed = run_direct(last_cfg)
+    resumed = run_inline(last_cfg)
     assert "generate" not in resumed["executed"]  # replayed from the stored rollouts, no generation
     assert resumed["executed"]["update"] == 4  # segments 1-3 rebuilt from the start (no full checkpoint left) + 4
     assert Path(resumed["checkpoint"]).name == final
@@ -67,14 +67,14 @@ def test_none_keeps_no_optimizer_state_and_a_longer_run_continues_exactly(tmp_pa
     one = {**ONE_PER_SEGMENT, "num_train_epochs": 1}
     two = {**ONE_PER_SEGMENT, "num_train_epochs": 2}
     d = tmp_path / "none"
-    s1 = run_direct(validate_config(small_config(d, checkpoint_every=2, trainer=one, eval_before=False,
+    s1 = run_inline(validate_config(small_config(d, checkpoint_every=2, trainer=one, eval_before=False,
                                                  checkpoint_optimizer="none")))
     assert is_weights_only(Path(s1["checkpoint"]).name)
     assert not (Path(s1["checkpoint"]) / "optimizer").exists()
-    s2 = run_direct(validate_config(small_config(d, checkpoint_every=2, trainer=two, eval_before=False,
+    s2 = run_inline(validate_config(small_config(d, checkpoint_every=2, trainer=two, eval_before=False,
                                                  checkpoint_optimizer="none")))
     assert "generate" in s2["executed"] and s2["executed"]["update"] == 8  # 4 replayed + 4 new
-    ref = run_direct(validate_config(small_config(tmp_path / "ref", checkpoint_every=2, trainer=two,
+    ref = run_inline(validate_config(small_config(tmp_path / "ref", checkpoint_every=2, trainer=two,
                                                   eval_before=False, checkpoint_optimizer="all")))
     assert _digests(s2["checkpoint"]) == _digests(ref["checkpoint"])
 
@@ -93,10 +93,10 @@ def test_gc_plan_keeps_what_recorded_runs_need(tmp_path):
     the recorded one (segments, rollouts, scores, advantages) stays; a held lock protects its run's keys."""
     from coopflow.stages.operations.gc import Roots, apply_gc, plan_gc
 
-    a = run_direct(validate_config(_cfg(tmp_path, checkpoint_optimizer="all")))
+    a = run_inline(validate_config(_cfg(tmp_path, checkpoint_optimizer="all")))
     store = ArtifactStore(tmp_path / "artifacts")
     before_b = _listing(store)
-    b = run_direct(validate_config(_cfg(tmp_path, seed=1)))
+    b = run_inline(validate_config(_cfg(tmp_path, seed=1)))
     evals = {x for x in before_b if x[0] == "eval"}  # a's evaluation, which a flow run's lineage names
     roots = Roots(frozenset(evals), frozenset({Path(a["checkpoint"]).name}), 1)
     plan = plan_gc(store, roots, "all", grace_s=0)
@@ -113,7 +113,7 @@ def test_gc_plan_keeps_what_recorded_runs_need(tmp_path):
     assert _listing(store) == {(k, weights_only_key(key) if k == "checkpoint" and key != Path(a["checkpoint"]).name
                                 else key) for k, key in before_b}
     assert store.verify_all()[1] == []
-    again = run_direct(validate_config(_cfg(tmp_path, checkpoint_optimizer="all")))  # a rerun: nothing trains
+    again = run_inline(validate_config(_cfg(tmp_path, checkpoint_optimizer="all")))  # a rerun: nothing trains
     assert again["executed"].keys() <= {"evaluate"} and again["checkpoint"] == a["checkpoint"]
 
 
@@ -130,7 +130,7 @@ def test_cli_gc_dry_run_then_yes_after_recorded_flow_runs(prefect_harness, tmp_p
     second = train_magrpo(config={**cfg, "seed": 1})
     store = ArtifactStore(tmp_path / "artifacts")
     recorded = _listing(store)
-    run_direct(validate_config({**cfg, "seed": 2}))  # not tracked: nothing records it
+    run_inline(validate_config({**cfg, "seed": 2}))  # not tracked: nothing records it
     untracked = _listing(store) - recorded
     assert untracked
 
@@ -166,7 +166,7 @@ def test_disk_estimate_is_within_a_sane_factor_of_what_a_tiny_run_writes(tmp_pat
     est = preflight(cfg)
     store = ArtifactStore(tmp_path / "artifacts")
     before = _listing(store)
-    run_direct(cfg)
+    run_inline(cfg)
     ckpt = sum(store.size("checkpoint", k) for _, k in store.artifacts("checkpoint"))
     total = _written(store, before | {x for x in _listing(store) if x[0] in ("model", "taskset")})
     assert est.checkpoints == 4

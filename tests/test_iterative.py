@@ -2,6 +2,8 @@
 
 import pytest
 
+from coopflow.stages.planning.keys import round_keys
+
 from coopflow.schemas.config import ConfigError, validate_config
 from coopflow.stages.loops import rounds as I
 from coopflow.artifacts import ArtifactStore
@@ -54,12 +56,12 @@ def test_rounds_write_shards_replay_and_resume_one_round_per_run(tmp_path):
     assert m["iter/total_preference_pairs"] == len({r["pair_id"] for r in shard1}) + m["iter/current_preference_pairs"]
     assert "eval/turn_1/reward_mean" in m and "iter/reward_distribution/target_mean" in m
     # earlier rounds' shards and checkpoints are untouched by later runs
-    assert ctx.store.read_rows(ctx.store.find("pairs", I.round_keys(ctx)[0])) == shard1
+    assert ctx.store.read_rows(ctx.store.find("pairs", round_keys(ctx)[0])) == shard1
 
 
 def test_history_comparator_falls_back_to_the_initial_agents_and_model_comparator_loads(tmp_path):
     ctx = _ctx(tmp_path / "h", comparator_policy="history", comparator_history_k=2, num_iterations=1)
-    comp, same = I._comparator(ctx, 1, I.round_keys(ctx), None)  # round 1 - 2 < 1: the initial agents
+    comp, same = I._comparator(ctx, 1, round_keys(ctx), None)  # round 1 - 2 < 1: the initial agents
     assert same is False and comp.n == 2
     ctx2 = _ctx(tmp_path / "m", comparator_policy="model", comparator_model_name="tiny", num_iterations=1)
     out = I.run_rounds(ctx2)
@@ -70,10 +72,10 @@ def test_current_copy_comparator_uses_the_agents_on_their_own_devices_else_a_cop
     ctx = _ctx(tmp_path, comparator_policy="copy", num_iterations=1)
     assert ctx.cfg.trainer.comparator_policy == "current_copy"
     sentinel = object()
-    assert I._comparator(ctx, 1, I.round_keys(ctx), sentinel) == (sentinel, True)  # same devices: the agents
+    assert I._comparator(ctx, 1, round_keys(ctx), sentinel) == (sentinel, True)  # same devices: the agents
     ctx2 = _ctx(tmp_path / "c", comparator_policy="current_copy", comparator_devices=["cpu:0", "cpu:0"],
                 num_iterations=1)
-    comp, same = I._comparator(ctx2, 1, I.round_keys(ctx2), sentinel)
+    comp, same = I._comparator(ctx2, 1, round_keys(ctx2), sentinel)
     assert same is False and comp.n == 2  # a frozen copy of the round's starting policy (here: the initial one)
 
 
@@ -113,7 +115,7 @@ def test_a_process_killed_mid_round_resumes_from_the_last_completed_round(tmp_pa
     store = ArtifactStore(tmp_path / "artifacts")
     ctx = make_context(c, store, build_taskset(c.taskset, store))
     I.run_rounds(ctx, max_new_rounds=1)  # round 1, in this process
-    keys = I.round_keys(ctx)
+    keys = round_keys(ctx)
     shard1, ckpt1 = store.read_rows(store.find("pairs", keys[0])), store.find("checkpoint", keys[0]).sha256
     # round 2 in a separate process, SIGKILLed while scoring its candidates
     killed = subprocess.run([sys.executable, "-c", _ROUNDS_SCRIPT, json.dumps(cfg)], cwd=repo,
@@ -147,7 +149,7 @@ def test_marlhf_iter_fits_a_fresh_reward_model_per_round_and_scores_round_2_with
     out = I.run_rounds(ctx)
     assert [r["cached"] for r in out] == [False, False] and I.completed_rounds(ctx) == 2
     assert ctx.session.calls["fit_reward_model"] == 2  # a fresh RM each round
-    keys = I.round_keys(ctx)
+    keys = round_keys(ctx)
     rms = [ctx.store.find("reward_model", I.rm_round_key(k)) for k in keys]
     assert all(rms) and rms[0].key != rms[1].key
     for r, res in enumerate(out, 1):

@@ -192,11 +192,11 @@ def run_keys(cfg, store) -> dict[str, object]:
 
     if cfg.algorithm in ("madpo", "marlhf"):
         ctx = P.preference_context(cfg, store, taskset)
-        out.update(start=ctx.plan.start_key, candidates=P.candidates_key(ctx), scores=P.scores_key(ctx),
-                   pairs=P.pairs_key(ctx))
+        out.update(start=ctx.plan.start_key, candidates=K.candidates_key(ctx), scores=K.preference_scores_key(ctx),
+                   pairs=K.pairs_key(ctx))
         if cfg.algorithm == "madpo":
-            out.update(dpo=P.dpo_key(ctx), eval=K.eval_key(ctx, P.dpo_key(ctx)),
-                       metrics=K.metrics_key(ctx, P.dpo_key(ctx)))
+            out.update(dpo=K.dpo_key(ctx), eval=K.eval_key(ctx, K.dpo_key(ctx)),
+                       metrics=K.metrics_key(ctx, K.dpo_key(ctx)))
         else:
             out["reward_model"] = P.rm_key(ctx)
             rctx = make_context(P.rl_config(cfg), store, taskset,
@@ -205,10 +205,9 @@ def run_keys(cfg, store) -> dict[str, object]:
             rctx.session.close()
         ctx.session.close()
         return out
-    from coopflow.stages.loops import rounds as R
 
     ctx = make_context(cfg, store, taskset)
-    keys = R.round_keys(ctx)
+    keys = K.round_keys(ctx)
     out.update(start=ctx.plan.start_key, round=keys[0], plan=tuple(keys))
     ctx.session.close()
     return out
@@ -366,12 +365,12 @@ def _contents(store: ArtifactStore) -> dict[tuple[str, str], str]:
 
 
 def _tiny_run(tmp: Path, data: dict, algorithm: str = "magrpo") -> dict:
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     data = {**data, "data_dir": str(tmp)}
     cfg = validate_config(data, algorithm)
     store = ArtifactStore(tmp / "artifacts")
-    run_direct(cfg, store)
+    run_inline(cfg)
     return _contents(store)
 
 
@@ -382,12 +381,12 @@ def _same_key_same_content(a: dict, b: dict) -> list[str]:
 
 def test_a_rerun_with_other_logging_settings_is_not_served_stale_metrics(tmp_path, pinned_threads):
     """The case that found this: metrics were stored under the checkpoint key, which held no logging setting."""
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     data = small_config(tmp_path, trainer={"logging_steps": 1, "eval_interval": 2, "eval_num_samples": 1})
     store = ArtifactStore(tmp_path / "artifacts")
-    first = run_direct(validate_config(data, "magrpo"), store)
-    again = run_direct(validate_config(_set(data, "trainer.logging_steps", 100), "magrpo"), store)
+    first = run_inline(validate_config(data, "magrpo"))
+    again = run_inline(validate_config(_set(data, "trainer.logging_steps", 100), "magrpo"))
     assert again["checkpoint"] == first["checkpoint"]  # the same training (replayed, nothing generated)
     assert "generate" not in again["executed"] and again["executed"].get("update", 0) > 0
     metrics = [k for kind, k in store.artifacts() if kind == "metrics"]
@@ -397,7 +396,7 @@ def test_a_rerun_with_other_logging_settings_is_not_served_stale_metrics(tmp_pat
     logged = sorted(len({r["env_step"] for r in rs if r["key"].endswith("reward_mean") and "eval" not in r["key"]})
                     for rs in rows)
     assert logged[0] == 1 and logged[1] > 1  # every update logged vs only the first
-    third = run_direct(validate_config(_set(data, "trainer.logging_steps", 100), "magrpo"), store)
+    third = run_inline(validate_config(_set(data, "trainer.logging_steps", 100), "magrpo"))
     assert not {"generate", "update"} & set(third["executed"])  # now both are cached
 
 

@@ -12,7 +12,7 @@ import torch
 
 from coopflow.artifacts import ArtifactStore
 from coopflow.schemas.config import ConfigError, validate_config
-from coopflow.stages.loops.run import run_direct
+from coopflow.flows.driver import run_inline
 from tests.helpers import remove_segment
 from tests.conftest import small_config
 
@@ -76,7 +76,7 @@ def test_lora_checkpoints_hold_adapters_and_resume_exactly(tmp_path, pinned_thre
     """Deleting the last segment's checkpoint: the rerun reloads the earlier one's adapters and AdamW states and
     ends with the same adapters as the uninterrupted run."""
     cfg = validate_config({**_cfg(tmp_path), "checkpoint_every": 1})
-    first = run_direct(cfg)
+    first = run_inline(cfg)
     ckpt = Path(first["checkpoint"])
     files = {p.name for p in (ckpt / "agent_0").iterdir()}
     assert {"adapter_model.safetensors", "adapter_config.json", "coopflow_lora.json"} <= files
@@ -85,7 +85,7 @@ def test_lora_checkpoints_hold_adapters_and_resume_exactly(tmp_path, pinned_thre
     store = ArtifactStore(tmp_path / "artifacts")
     key = ckpt.name
     remove_segment(store, key)
-    again = run_direct(cfg)
+    again = run_inline(cfg)
     assert "generate" not in again["executed"] and again["executed"]["update"] >= 1
     after = _adapters(Path(again["checkpoint"]))
     assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
@@ -95,7 +95,7 @@ def test_merge_lora_exports_full_models_that_match_the_adapters(tmp_path):
     from coopflow.stages.agents.lora import load_merged
     from coopflow.stages.agents.models import load_agent
 
-    s = run_direct(validate_config(_cfg(tmp_path / "run")))
+    s = run_inline(validate_config(_cfg(tmp_path / "run")))
     ckpt = Path(s["checkpoint"])
     r = subprocess.run([sys.executable, "-m", "coopflow.flows.cli", "merge-lora", str(ckpt), str(tmp_path / "out")],
                        cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -130,7 +130,7 @@ def test_lora_learns_on_the_tiny_task_over_seeds(tmp_path, pinned_threads):
     for seed in range(3):
         cfg = _cfg(tmp_path / str(seed), num_train_epochs=4, num_generations=4, max_new_tokens=16)
         cfg["taskset"] = {**cfg["taskset"], "num_items": 8}
-        s = run_direct(validate_config({**cfg, "seed": seed}))
+        s = run_inline(validate_config({**cfg, "seed": seed}))
         gains.append(s["reward_last"] - s["reward_first"])
     assert sum(gains) / 3 > 0.05, gains
 
@@ -139,8 +139,8 @@ def test_lora_in_mp_workers_trains_the_same_adapters(tmp_path, pinned_threads):
     """parallel_training: mp with LoRA: each worker holds its own base and one adapter (same seeded init), the KL
     reference is that base with the adapter disabled; the run ends with the in-process run's adapters."""
     kl = {"reference_kl_enabled": True, "reference_kl_coef": 0.5}
-    local = run_direct(validate_config(_cfg(tmp_path / "local", **kl)))
-    par = run_direct(validate_config(_cfg(tmp_path / "mp", parallel_training="mp", agent_devices=["cpu", "cpu"], **kl)))
+    local = run_inline(validate_config(_cfg(tmp_path / "local", **kl)))
+    par = run_inline(validate_config(_cfg(tmp_path / "mp", parallel_training="mp", agent_devices=["cpu", "cpu"], **kl)))
     assert Path(par["checkpoint"]).name == Path(local["checkpoint"]).name  # the mode is not part of the run key
     assert par["reward_last"] == local["reward_last"] and par["eval"] == local["eval"]
     wl, wp = _adapters(Path(local["checkpoint"])), _adapters(Path(par["checkpoint"]))
@@ -163,7 +163,7 @@ def _ac_cfg(root: Path, algo: str, separate: bool, **trainer) -> dict:
 def test_lora_actor_critic_trains_adapters_and_critics(tmp_path, algo, separate, pinned_threads):
     """IAC/MAAC with LoRA actors: the actors' checkpoints hold adapters (+ the shared-mode value head beside
     them), separate critics are full models; worker processes reach the in-process adapters and heads."""
-    local = run_direct(_ac_cfg(tmp_path / "local", algo, separate))
+    local = run_inline(_ac_cfg(tmp_path / "local", algo, separate))
     ck = Path(local["checkpoint"])
     files = {p.name for p in (ck / "agent_0").iterdir()}
     assert "adapter_model.safetensors" in files and "model.safetensors" not in files
@@ -174,7 +174,7 @@ def test_lora_actor_critic_trains_adapters_and_critics(tmp_path, algo, separate,
     wl = _adapters(ck)
     assert any(k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in wl.items())
     devices = {"critic_devices": ["cpu", "cpu"] if algo == "iac" else "cpu"} if separate else {}
-    par = run_direct(_ac_cfg(tmp_path / "mp", algo, separate, parallel_training="mp", agent_devices=["cpu", "cpu"],
+    par = run_inline(_ac_cfg(tmp_path / "mp", algo, separate, parallel_training="mp", agent_devices=["cpu", "cpu"],
                              **devices))
     assert par["reward_last"] == local["reward_last"] and par["eval"] == local["eval"]
     wp = _adapters(Path(par["checkpoint"]))

@@ -215,10 +215,10 @@ def test_eval_with_several_samples_per_item_follows_each_path(policies):
 def test_multi_turn_run_logs_per_turn_metrics_and_reruns_from_cache(tmp_path):
     from coopflow.stages.tasks.taskset import build_taskset
     from coopflow.stages.planning.keys import segment_record_keys
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     cfg = helpers.multiturn_config(tmp_path)
-    s = run_direct(cfg)
+    s = run_inline(cfg)
     assert s["env_steps"] == 4 * (2 + 2 * 2)  # items x (K root joint actions + K children x K)
     store = ArtifactStore(cfg.resolved_data_dir() / "artifacts")
     ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
@@ -227,7 +227,7 @@ def test_multi_turn_run_logs_per_turn_metrics_and_reruns_from_cache(tmp_path):
     keys = {r["key"] for r in store.read_rows(end)}
     assert {"turn_1/reward_mean", "turn_1/expected_return", "turn_2/reward_mean", "turn_2/expected_return"} <= keys
     assert {"eval/turn_1/reward_mean", "eval/turn_2/expected_return"} <= set(s["eval"])
-    again = run_direct(cfg)
+    again = run_inline(cfg)
     assert "generate" not in again["executed"] and "update" not in again["executed"]
     assert again["env_steps"] == s["env_steps"]
 
@@ -244,12 +244,12 @@ def test_unreachable_turn_warning_for_the_reference_default_threshold(tmp_path):
 
 
 def test_a_broken_transition_fails_the_run_with_its_name(tmp_path):
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     cfg = small_config(tmp_path, transition={"name": "tests.helpers:one_prompt_transition"})
     cfg["trainer"] = {**cfg["trainer"], "num_turns": 2, "early_termination_threshold": None}
     with pytest.raises(ValueError, match="one_prompt_transition.*must return a list of 2 prompts"):
-        run_direct(validate_config(cfg))
+        run_inline(validate_config(cfg))
 
 
 @pytest.mark.slow
@@ -257,13 +257,13 @@ def test_multi_turn_magrpo_learns_the_length_ratio_task(tmp_path):
     """The shipped multi-turn example over seeds 0-2: the joint reward (both turns) rises over 2 epochs of 8 items
     (measured gains over seeds 0-4: +0.47 … +0.55; turn-2 eval 0.95 … 1.0)."""
     from coopflow.schemas.config import load_config
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
 
     gains, evals = [], []
     for seed in helpers.LEARNING_SEEDS:
         cfg = load_config("configs/magrpo-multiturn.yaml", [f"data_dir={tmp_path / str(seed)}", f"seed={seed}"],
                           algorithm="magrpo")
-        s = run_direct(cfg)
+        s = run_inline(cfg)
         gains.append(s["reward_last"] - s["reward_first"])
         evals.append(s["eval"]["eval/turn_2/reward_mean"])
     helpers.assert_learns(gains, 0.2)

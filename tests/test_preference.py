@@ -16,6 +16,7 @@ from coopflow.stages.fit.reward_model import bt_loss, fit_reward_model, joint_te
 from coopflow.stages.agents.models import load_agent
 from coopflow.stages.agents.state import AgentState
 from coopflow.stages.update.dpo import dpo_loss, dpo_step, trim_at_pad
+from coopflow.flows.driver import run_inline
 from tests.conftest import small_config
 from tests.helpers import LEARNING_SEEDS, assert_learns
 
@@ -140,25 +141,25 @@ def test_no_pairs_is_a_clear_message(tmp_path):
     cfg = _cfg(tmp_path, "madpo")
     cfg.reward.name = "tests.helpers:constant_reward"
     with pytest.raises(P.NoPairs, match="no preference pairs: every item's candidates tied"):
-        P.run_preference_direct(cfg)
+        run_inline(cfg)
 
 
 def test_madpo_reruns_only_what_a_change_touches(tmp_path):
-    first = P.run_preference_direct(_cfg(tmp_path, "madpo"))
+    first = run_inline(_cfg(tmp_path, "madpo"))
     assert first["env_steps"] == 2 * first["pair_count"]  # environment_steps_per_pair x pairs, one epoch
-    d = P.run_preference_direct(_cfg(tmp_path, "madpo", dpo_beta=0.3, agent_learning_rate=2e-3))["executed"]
+    d = run_inline(_cfg(tmp_path, "madpo", dpo_beta=0.3, agent_learning_rate=2e-3))["executed"]
     assert "generate" not in d and "score" not in d and "pairs" not in d
     assert d["update"] >= 1 and d["evaluate"] == 1
-    again = P.run_preference_direct(_cfg(tmp_path, "madpo", pair_selection="random"))
+    again = run_inline(_cfg(tmp_path, "madpo", pair_selection="random"))
     d = again["executed"]
     assert d["pairs"] == 1 and "generate" not in d and "score" not in d and again["candidates"] == first["candidates"]
 
 
 def test_marlhf_reruns_only_the_reward_model_and_downstream(tmp_path):
-    first = P.run_preference_direct(_cfg(tmp_path, "marlhf"))
-    assert set(first["reward_model_metrics"]) >= {"reward_model/accuracy", "reward_model/margin"}
+    first = run_inline(_cfg(tmp_path, "marlhf"))
+    assert set(first["reward_model"]) >= {"reward_model/accuracy", "reward_model/margin"}
     assert set(first["eval"]) == {"eval/turn_1/reward_mean", "eval/turn_1/expected_return"}
-    again = P.run_preference_direct(_cfg(tmp_path, "marlhf", reward_learning_rate=3e-5))
+    again = run_inline(_cfg(tmp_path, "marlhf", reward_learning_rate=3e-5))
     d = again["executed"]
     assert d["fit_reward_model"] == 1 and "pairs" not in d and d["update"] >= 1
     # no new candidates; of the RL phase's 2 updates the first reuses its rollouts (they depend only on the
@@ -180,7 +181,7 @@ def test_madpo_moves_the_task_reward(tmp_path):
     for seed in LEARNING_SEEDS:
         d = tmp_path / str(seed)
         cfg = load_config("configs/madpo-story.yaml", [f"data_dir={d}", f"seed={seed}"], algorithm="madpo")
-        after = P.run_preference_direct(cfg)["eval"]["eval/turn_1/reward_mean"]
+        after = run_inline(cfg)["eval"]["eval/turn_1/reward_mean"]
         store = ArtifactStore(d / "artifacts")
         ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
         pol = load_policies(specs_for(ctx.sources, 1e-3))
@@ -199,7 +200,7 @@ def _marlhf_gain(tmp_path, seed: int, overrides: tuple = ()) -> tuple[float, dic
 
     cfg = load_config("configs/marlhf-story.yaml", [f"data_dir={tmp_path}", f"seed={seed}", *overrides],
                       algorithm="marlhf")
-    out = P.run_preference_direct(cfg)
+    out = run_inline(cfg)
     store = ArtifactStore(tmp_path / "artifacts")
     ctx = make_context(cfg, store, build_taskset(cfg.taskset, store))
     pol = load_policies(specs_for(ctx.sources, 1e-3))
@@ -217,7 +218,7 @@ def test_marlhf_moves_the_task_reward(tmp_path):
     gains = []
     for seed in LEARNING_SEEDS:
         gain, out = _marlhf_gain(tmp_path / f"seed{seed}", seed, ("trainer.num_train_epochs=4",))
-        assert out["reward_model_metrics"]["reward_model/accuracy"] > 0.9  # the RM ranks its training pairs
+        assert out["reward_model"]["reward_model/accuracy"] > 0.9  # the RM ranks its training pairs
         assert out["rm_reward_last"] > out["rm_reward_first"], out  # RL climbs the reward model ...
         gains.append(gain)
     # ... and the task reward follows: on average, and on at least 2 of the 3 seeds
@@ -229,7 +230,7 @@ def test_marlhf_actor_critic_backends(tmp_path, rl):
     cfg = _cfg(tmp_path, "marlhf", rl_algorithm=rl, num_generations=1, critic_learning_rate=1e-3)
     rcfg = P.rl_config(cfg)
     assert rcfg.algorithm == rl and rcfg.critic.critic_model == "tiny" and rcfg.trainer.critic_learning_rate == 1e-3
-    out = P.run_preference_direct(cfg)
+    out = run_inline(cfg)
     assert set(out["eval"]) == {"eval/turn_1/reward_mean", "eval/turn_1/expected_return"}
     crit = "critic" if rl == "maac" else "agent_0/critic"
     assert (__import__("pathlib").Path(out["checkpoint"]) / crit / "value_head.pt").is_file()

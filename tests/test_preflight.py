@@ -165,3 +165,64 @@ def test_require_isolation_refuses_a_machine_with_only_the_python_guard(tmp_path
     preflight(_cfg(tmp_path))  # not required: the run goes ahead (the sandbox warns once when it runs programs)
     monkeypatch.setattr(S.Isolation, "detect", staticmethod(lambda: S.Isolation(sys.executable, False, True)))
     preflight(_cfg(tmp_path, sandbox={"require_isolation": True}))
+
+
+# --- every entry point: the pre-flight runs inside the driver ---------------------------------------------------
+
+
+def _no_model_loads(monkeypatch):
+    """Fail the test if anything loads a model (the refusal must come first)."""
+    import coopflow.stages.agents.models as M
+
+    def refuse(*a, **k):
+        raise AssertionError("a model loaded before the pre-flight refused the run")
+
+    monkeypatch.setattr(M, "load_policies", refuse)
+
+
+def test_the_python_api_and_the_inline_driver_refuse_bad_rows_before_a_model_loads(tmp_path, monkeypatch):
+    from datasets import Dataset
+
+    from coopflow.flows.driver import run_inline
+    from coopflow.rewards import length_ratio
+    from coopflow.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+
+    _no_model_loads(monkeypatch)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "a story"}\n{"prompt": ""}\n')
+    with pytest.raises(PreflightError, match=r"train row 1: agent 0's prompt is empty"):
+        run_inline(_cfg(tmp_path, taskset={"name": str(rows), "num_eval_items": 1}))
+    args = MAGRPOConfig(num_turns=1, num_train_epochs=1, num_generations=2, max_new_tokens=4, rollout_buffer_size=2,
+                        eval_interval=0, eval_num_samples=1)
+    trainer = MAGRPOTrainer(agent_model="tiny", num_agents=2, reward_func=length_ratio, args=args,
+                            train_dataset=Dataset.from_dict({"prompt": ["a story", ""]}),
+                            data_dir=str(tmp_path / "api"))
+    with pytest.raises(PreflightError, match=r"row 1: agent 0's prompt is empty"):
+        trainer.train(show_progress=False)
+    with pytest.raises(PreflightError, match=r"row 1: agent 0's prompt is empty"):
+        trainer.evaluate()
+
+
+def test_require_isolation_is_enforced_by_the_driver_not_only_the_cli(tmp_path, monkeypatch):
+    import coopflow.stages.common.sandbox as S
+    from coopflow.flows.driver import run_inline
+
+    _no_model_loads(monkeypatch)
+    monkeypatch.setattr(S.Isolation, "detect", staticmethod(lambda: S.Isolation(sys.executable, False)))
+    with pytest.raises(PreflightError, match=r"sandbox.require_isolation"):
+        run_inline(_cfg(tmp_path, sandbox={"require_isolation": True}))
+
+
+@pytest.mark.slow
+def test_a_deployment_flow_refuses_bad_rows_in_one_line(tmp_path, monkeypatch, prefect_harness):
+    """`train_magrpo(config_path=...)`, what a deployment runs: the pre-flight's one line, not a traceback from inside
+    generation."""
+    from coopflow.flows.train import train_magrpo
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "a story"}\n{"prompt": ""}\n')
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text((REPO / "configs" / "magrpo-story.yaml").read_text())
+    with pytest.raises(PreflightError, match=r"train row 1: agent 0's prompt is empty"):
+        train_magrpo(config_path=str(cfg), overrides=[f"taskset.name={rows}", "taskset.num_eval_items=1",
+                                                       f"data_dir={tmp_path / 'data'}"])

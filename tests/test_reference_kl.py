@@ -11,7 +11,7 @@ from coopflow.schemas.config import validate_config
 from coopflow.stages.score.advantages import compute_advantages
 from coopflow.stages.agents.models import build_tiny_model, load_agent, load_policies
 from coopflow.stages.agents.reference_kl import apply_reference_kl, k3_kl
-from coopflow.stages.loops.run import run_direct
+from coopflow.flows.driver import run_inline
 from tests.conftest import small_config
 
 
@@ -62,7 +62,7 @@ def test_training_with_reference_kl_records_kl_and_metrics(tmp_path):
     trainer = {**small_config(tmp_path)["trainer"], "reference_kl_enabled": True, "reference_kl_coef": 0.5,
                "rollout_buffer_size": 1}
     cfg = validate_config(small_config(tmp_path, trainer=trainer))
-    run_direct(cfg)
+    run_inline(cfg)
     store = ArtifactStore(tmp_path / "artifacts")
     kl_by_update = {}
     for d in (tmp_path / "artifacts" / "rollouts").iterdir():
@@ -78,8 +78,8 @@ def test_training_with_reference_kl_records_kl_and_metrics(tmp_path):
 
 def test_reference_kl_in_worker_processes_matches_in_process(tmp_path):
     trainer = {**small_config(tmp_path)["trainer"], "reference_kl_enabled": True, "rollout_buffer_size": 1}
-    local = run_direct(validate_config(small_config(tmp_path / "local", trainer=trainer)))
+    local = run_inline(validate_config(small_config(tmp_path / "local", trainer=trainer)))
     mp = {**trainer, "parallel_training": "mp", "agent_devices": "cpu"}
-    par = run_direct(validate_config(small_config(tmp_path / "mp", trainer=mp)))
+    par = run_inline(validate_config(small_config(tmp_path / "mp", trainer=mp)))
     assert par["reward_last"] == local["reward_last"]
     assert Path(par["checkpoint"]).name == Path(local["checkpoint"]).name

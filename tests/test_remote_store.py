@@ -19,7 +19,7 @@ import pytest
 from coopflow.artifacts import ArtifactError, ArtifactStore
 from coopflow.artifacts.store import PUBLISHED
 from coopflow.schemas.config import ConfigError, validate_config
-from coopflow.stages.loops.run import run_direct
+from coopflow.flows.driver import run_inline
 from tests.conftest import small_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,12 +135,12 @@ def test_remote_store_config_errors(tmp_path):
 def test_a_run_on_a_second_data_dir_reuses_what_the_first_published(tmp_path, remote, pinned_threads):
     """Machine B (its own data dir, the same remote) runs the same config: no generation, no update; the same
     checkpoint key as a run without a remote, fetched and verified."""
-    first = run_direct(validate_config(small_config(tmp_path / "a", remote_store=remote)))
+    first = run_inline(validate_config(small_config(tmp_path / "a", remote_store=remote)))
     assert first["executed"].get("update", 0) >= 1
-    second = run_direct(validate_config(small_config(tmp_path / "b", remote_store=remote)))
+    second = run_inline(validate_config(small_config(tmp_path / "b", remote_store=remote)))
     assert not second["executed"].get("generate") and not second["executed"].get("update")
     assert second["reward_last"] == first["reward_last"] and second["eval"] == first["eval"]
-    plain = run_direct(validate_config(small_config(tmp_path / "c")))
+    plain = run_inline(validate_config(small_config(tmp_path / "c")))
     assert Path(second["checkpoint"]).name == Path(first["checkpoint"]).name == Path(plain["checkpoint"]).name
     assert ArtifactStore(tmp_path / "b" / "artifacts").verify_all()[1] == []
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from coopflow.schemas.config import RayConfig, validate_config
-from coopflow.stages.loops.run import run_direct
+from coopflow.flows.driver import run_inline
 from coopflow.stages.score.executors import make_executor
 from coopflow.stages.score.rewards import RewardCaller, RewardError
 from coopflow.stages.score.scores import score_nodes, score_rewards
@@ -97,8 +97,8 @@ def test_reward_workers_leave_every_key_and_score_unchanged(tmp_path, pinned_thr
     """A training run with reward.workers 2 (process pool): same run_key, rewards and weights as serial."""
     trainer = {**small_config(tmp_path)["trainer"], "num_generations": 2}
     reward = {"name": "tests.helpers:sleepy_length_ratio"}
-    serial = run_direct(validate_config(small_config(tmp_path / "serial", trainer=trainer, reward=reward)))
-    fanned = run_direct(validate_config(small_config(tmp_path / "fanned", trainer=trainer,
+    serial = run_inline(validate_config(small_config(tmp_path / "serial", trainer=trainer, reward=reward)))
+    fanned = run_inline(validate_config(small_config(tmp_path / "fanned", trainer=trainer,
                                                      reward={**reward, "workers": 2})))
     assert Path(fanned["checkpoint"]).name == Path(serial["checkpoint"]).name
     assert fanned["reward_first"] == serial["reward_first"] and fanned["reward_last"] == serial["reward_last"]
@@ -118,9 +118,9 @@ def test_ray_actors_give_the_mp_workers_samples_and_weights(tmp_path, pinned_thr
     """parallel_training: ray on a local Ray instance (one CPU per agent) == mp workers (one thread each)."""
     _needs("ray")
     trainer = {**small_config(tmp_path)["trainer"], "num_generations": 2}
-    mp_run = run_direct(validate_config(small_config(
+    mp_run = run_inline(validate_config(small_config(
         tmp_path / "mp", trainer={**trainer, "parallel_training": "mp", "agent_devices": ["cpu", "cpu"]})))
-    ray_run = run_direct(validate_config(small_config(
+    ray_run = run_inline(validate_config(small_config(
         tmp_path / "ray", trainer={**trainer, "parallel_training": "ray"},
         ray={"local_num_cpus": 2, "object_store_mb": 128, "num_cpus_per_agent": 1})))
     assert Path(ray_run["checkpoint"]).name == Path(mp_run["checkpoint"]).name  # the same run_key
@@ -139,9 +139,9 @@ def test_lora_agents_as_ray_actors_train_the_mp_adapters(tmp_path, pinned_thread
 
     trainer = {**small_config(tmp_path)["trainer"], "agent_learning_rate": 1e-2}
     agents = {"agent_model": "tiny", "num_agents": 2, "lora": {"r": 4, "alpha": 8}}
-    mp_run = run_direct(validate_config(small_config(
+    mp_run = run_inline(validate_config(small_config(
         tmp_path / "mp", agents=agents, trainer={**trainer, "parallel_training": "mp", "agent_devices": ["cpu", "cpu"]})))
-    ray_run = run_direct(validate_config(small_config(
+    ray_run = run_inline(validate_config(small_config(
         tmp_path / "ray", agents=agents, trainer={**trainer, "parallel_training": "ray"},
         ray={"local_num_cpus": 2, "object_store_mb": 128, "num_cpus_per_agent": 1})))
     assert ray_run["reward_last"] == mp_run["reward_last"]

@@ -169,7 +169,7 @@ def test_unused_held_out_fields_leave_the_key_alone(tmp_path):
 def test_a_run_evaluates_on_held_out_items_and_warns_when_it_cannot(tmp_path, caplog):
     from coopflow.schemas.config import validate_config
     from coopflow.stages.planning.context import make_context
-    from coopflow.stages.loops.run import run_direct
+    from coopflow.flows.driver import run_inline
     from tests.conftest import small_config
 
     path = _rows_file(tmp_path / "d.jsonl", 10)
@@ -181,7 +181,7 @@ def test_a_run_evaluates_on_held_out_items_and_warns_when_it_cannot(tmp_path, ca
     ref = build_taskset(cfg.taskset, store)
     ctx = make_context(cfg, store, ref)
     assert ctx.plan.warnings == ()
-    s = run_direct(cfg, store)
+    s = run_inline(cfg)
     assert s["eval"]
     evals, train = load_items(store, ref, "eval"), load_items(store, ref, "train")
     eval_dir = store.root / "eval"

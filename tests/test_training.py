@@ -14,7 +14,7 @@ from coopflow.stages.agents.spec import specs_for
 from coopflow.artifacts import ArtifactStore
 from coopflow.schemas.config import validate_config
 from coopflow.stages.planning.plan import plan_segments, plan_updates
-from coopflow.stages.loops.run import run_direct
+from coopflow.flows.driver import run_inline
 from tests.conftest import small_config
 from tests.helpers import LEARNING_SEEDS, assert_learns, remove_segment
 
@@ -31,7 +31,7 @@ def test_learning_moves_length_ratio_reward(tmp_path):
             d, seed=seed, taskset={"name": "story-length-ratio", "num_items": 16, "num_eval_items": 4},
             trainer={**small_config(d)["trainer"], "num_train_epochs": 2, "num_generations": 4,
                      "max_new_tokens": 32, "rollout_buffer_size": 1}))
-        s = run_direct(cfg)
+        s = run_inline(cfg)
         assert s["env_steps"] == 16 * 2 * 4
         train.append(s["reward_last"] - s["reward_first"])
         evals.append(s["eval"]["eval/turn_1/reward_mean"] - s["reward_first"])
@@ -50,12 +50,12 @@ def test_plan_updates_and_segments():
 def test_resume_replays_stored_rollouts_without_generating(tmp_path):
     """Deleting the end checkpoint of a finished run: the rerun regenerates nothing and gets the same weights."""
     cfg = validate_config(small_config(tmp_path, checkpoint_every=2))
-    first = run_direct(cfg)
+    first = run_inline(cfg)
     w_first = _weights(Path(first["checkpoint"]))
     store = ArtifactStore(tmp_path / "artifacts")
     key = Path(first["checkpoint"]).name
     remove_segment(store, key)  # the last segment's checkpoint, steps and metrics
-    second = run_direct(cfg)
+    second = run_inline(cfg)
     assert "generate" not in second["executed"]  # replayed from stored rollouts
     assert second["executed"]["update"] > 0
     assert _weights(Path(second["checkpoint"])) .keys() == w_first.keys()
@@ -76,10 +76,10 @@ def _weights(ckpt: Path) -> dict:
 CHILD = """
 import sys
 from coopflow.schemas.config import validate_config
-from coopflow.stages.loops.run import run_direct
+from coopflow.flows.driver import run_inline
 import json
 cfg = validate_config(json.loads(sys.argv[1]))
-run_direct(cfg)
+run_inline(cfg)
 """
 
 
@@ -107,12 +107,12 @@ def test_kill_and_resume_loses_no_completed_step(tmp_path):
     ckpts = [p for p in (tmp_path / "killed" / "artifacts" / "checkpoint").iterdir() if not p.name.startswith(".")]
     assert 5 <= done < 8 and len(ckpts) in (1, 2)  # killed after the first checkpoint, before the end
     # --- rerun the same config in-process: generates only the missing updates
-    resumed = run_direct(validate_config(killed_cfg), store=store)
+    resumed = run_inline(validate_config(killed_cfg))
     assert resumed["executed"]["generate"] == 8 - done
     # segments hold 3 updates: everything after the last stored checkpoint is updated again (replayed or new)
     assert resumed["executed"]["update"] == 8 - 3 * len(ckpts)
     # --- identical to an uninterrupted run
-    clean = run_direct(validate_config({**killed_cfg, "data_dir": str(tmp_path / "clean")}))
+    clean = run_inline(validate_config({**killed_cfg, "data_dir": str(tmp_path / "clean")}))
     assert Path(resumed["checkpoint"]).name == Path(clean["checkpoint"]).name
     wr, wc = _weights(Path(resumed["checkpoint"])), _weights(Path(clean["checkpoint"]))
     for k in wc:
@@ -133,13 +133,13 @@ def test_a_reward_that_raises_mid_run_fails_it_and_the_rerun_after_the_fix_conti
     monkeypatch.setenv("TEST_REWARD_DOWN_AFTER", "4")  # fails after a few steps
     with pytest.raises(RewardError, match=r"ConnectionError from reward function .*outage_length_ratio on item \S+, "
                                           r"joint action \[\d+, \d+\]: scoring service unavailable"):
-        run_direct(validate_config(cfg))
+        run_inline(validate_config(cfg))
     stored = len([p for p in (tmp_path / "run" / "artifacts" / "rollouts").iterdir() if not p.name.startswith(".")])
     assert 2 <= stored < 4
     monkeypatch.delenv("TEST_REWARD_DOWN_AFTER")  # the fix
-    resumed = run_direct(validate_config(cfg))
+    resumed = run_inline(validate_config(cfg))
     assert resumed["executed"]["generate"] == 4 - stored  # the stored steps' rollouts are reused
-    clean = run_direct(validate_config({**cfg, "data_dir": str(tmp_path / "clean")}))
+    clean = run_inline(validate_config({**cfg, "data_dir": str(tmp_path / "clean")}))
     assert Path(resumed["checkpoint"]).name == Path(clean["checkpoint"]).name
     wr, wc = _weights(Path(resumed["checkpoint"])), _weights(Path(clean["checkpoint"]))
     assert all(torch.equal(wr[k], wc[k]) for k in wc)
@@ -148,9 +148,9 @@ def test_a_reward_that_raises_mid_run_fails_it_and_the_rerun_after_the_fix_conti
 def test_mp_workers_match_in_process_training(tmp_path, pinned_threads):
     """parallel_training=mp (one worker process per agent) gives the same samples and weights as in-process."""
     trainer = {**small_config(tmp_path)["trainer"], "num_generations": 2}
-    local = run_direct(validate_config(small_config(tmp_path / "local", trainer=trainer)))
+    local = run_inline(validate_config(small_config(tmp_path / "local", trainer=trainer)))
     mp_trainer = {**trainer, "parallel_training": "mp", "agent_devices": ["cpu", "cpu"]}
-    par = run_direct(validate_config(small_config(tmp_path / "mp", trainer=mp_trainer)))
+    par = run_inline(validate_config(small_config(tmp_path / "mp", trainer=mp_trainer)))
     assert par["reward_first"] == local["reward_first"] and par["reward_last"] == local["reward_last"]
     wl, wp = _weights(Path(local["checkpoint"])), _weights(Path(par["checkpoint"]))
     for k in wl:
@@ -175,8 +175,8 @@ def test_thread_count_changes_no_key_and_no_weight_beyond_float_noise(tmp_path):
               "from pathlib import Path\n"
               "from tests.conftest import small_config\n"
               "from coopflow.schemas.config import validate_config\n"
-              "from coopflow.stages.loops.run import run_direct\n"
-              "print(run_direct(validate_config(small_config(Path(sys.argv[1]))))['checkpoint'])") % str(REPO)
+              "from coopflow.flows.driver import run_inline\n"
+              "print(run_inline(validate_config(small_config(Path(sys.argv[1]))))['checkpoint'])") % str(REPO)
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     ckpts = []
     for threads in (1, 2):

@@ -29,19 +29,14 @@ from coopflow.stages.common.seeds import derive_seed
 from coopflow.stages.evaluate.evaluate import evaluate
 from coopflow.stages.planning import budget as budget_mod
 from coopflow.stages.planning.context import RunContext, formatters_for, make_context, resolve_model_sources
-from coopflow.stages.planning.keys import declared_key, metrics_key
-from coopflow.stages.loops.run import evaluate_checkpoint, run_segments
+from coopflow.stages.planning.keys import (candidate_sampling, candidates_key, dpo_key, metrics_key, pairs_key,
+                                           preference_scores_key, reward_model_key)
 from coopflow.stages.loops.segment import acquire_policies
-from coopflow.stages.rollout.generate import SamplingConfig, generate_rollouts
+from coopflow.stages.rollout.generate import generate_rollouts
 from coopflow.stages.score.pairs import build_pairs
 from coopflow.stages.score.scores import score_rewards
-from coopflow.stages.tasks.taskset import items_digest
 
 # --- candidates, scores, pairs -------------------------------------------------------------------
-
-
-def candidate_sampling(cfg: RunConfig) -> SamplingConfig:
-    return SamplingConfig.of(cfg, cfg.trainer.preference_num_candidates)
 
 
 def preference_budget(ctx: RunContext) -> budget_mod.Budget:
@@ -53,24 +48,10 @@ def preference_budget(ctx: RunContext) -> budget_mod.Budget:
                              reward_calls=items * P, eval_sequences=n_eval * n)
 
 
-def candidates_key(ctx: RunContext) -> str:
-    return declared_key("candidates", "rollouts", ctx.cfg, {
-        "start": ctx.plan.start_key, "items": items_digest(ctx.train_items),
-        "sampling": candidate_sampling(ctx.cfg).identity(), "formatters": ctx.formatter_ids()})
-
-
-def scores_key(ctx: RunContext) -> str:
-    return declared_key("scores", "scores", ctx.cfg, {"candidates": candidates_key(ctx), "reward": ctx.reward_id})
-
-
-def pairs_key(ctx: RunContext) -> str:
-    return declared_key("pairs", "pairs", ctx.cfg, {"scores": scores_key(ctx)})
-
-
 def generate_candidates(ctx: RunContext) -> tuple[ArtifactRef, ArtifactRef]:
     """P aligned joint candidates per training item and their task-reward scores (cached by key)."""
     store = ctx.store
-    ref, sref = store.find("rollouts", candidates_key(ctx)), store.find("scores", scores_key(ctx))
+    ref, sref = store.find("rollouts", candidates_key(ctx)), store.find("scores", preference_scores_key(ctx))
     if ref is None:
         pol = acquire_policies(ctx, None, ctx.plan.start_key)
         fmts = formatters_for(ctx, pol)
@@ -85,7 +66,7 @@ def generate_candidates(ctx: RunContext) -> tuple[ArtifactRef, ArtifactRef]:
         by_id = {it["_item_id"]: it for it in ctx.train_items}
         scores = score_rewards(rows, by_id, ctx.caller, ctx.processor, "aligned", 0)
         ctx.session.calls["score"] += 1
-        sref = store.put_table("scores", scores_key(ctx), scores)
+        sref = store.put_table("scores", preference_scores_key(ctx), scores)
     return ref, sref
 
 
@@ -117,10 +98,6 @@ def pairs_by_id(rows: list[dict]) -> dict[int, dict[int, dict]]:
 
 
 # --- MADPO: DPO training -------------------------------------------------------------------------
-
-
-def dpo_key(ctx: RunContext) -> str:
-    return declared_key("dpo", "policy", ctx.cfg, {"init": ctx.plan.start_key, "pairs": pairs_key(ctx)})
 
 
 def train_dpo(ctx: RunContext, pairs: ArtifactRef, show_progress: bool = False) -> dict:
@@ -188,8 +165,9 @@ def rm_source(cfg: RunConfig) -> str:
 
 
 def rm_key(ctx: RunContext) -> str:
-    paths, ident = resolve_model_sources([rm_source(ctx.cfg)], ctx.cfg, ctx.store, "trainer.reward_model_name")
-    return declared_key("reward_model", "reward_model", ctx.cfg, {"pairs": pairs_key(ctx), "backbone": ident})
+    """Key of the reward model fitted on this run's pairs (`keys.reward_model_key` with its backbone's identity)."""
+    _, ident = resolve_model_sources([rm_source(ctx.cfg)], ctx.cfg, ctx.store, "trainer.reward_model_name")
+    return reward_model_key(ctx, ident)
 
 
 def fit_rm(ctx: RunContext, pairs: ArtifactRef, key: str | None = None) -> tuple[ArtifactRef, dict[str, float]]:
@@ -258,40 +236,3 @@ def preference_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRe
     est = preference_budget(ctx)
     budget_mod.check(est, cfg.max_sequences)
     return ctx.with_plan(budget=est)
-
-
-def run_preference_direct(cfg: RunConfig, store: ArtifactStore | None = None, session=None) -> dict:
-    """MADPO or MARLHF end to end by calling the stages directly; returns a summary dict."""
-    from coopflow.stages.tasks.taskset import build_taskset
-
-    store = store or ArtifactStore.of(cfg)
-    ctx = preference_context(cfg, store, build_taskset(cfg.taskset, store), session)
-    try:
-        out = _preference_direct(ctx)
-    finally:
-        ctx.session.close()
-    out["executed"] = ctx.session.executed()
-    return out
-
-
-def _preference_direct(ctx: RunContext) -> dict:
-    cfg, store = ctx.cfg, ctx.store
-    cand, scores = generate_candidates(ctx)
-    pairs = make_pairs(ctx, cand, scores)
-    out: dict = {"candidates": cand.key, "pairs": pairs.key, "pair_count": len({r["pair_id"] for r in
-                                                                                 store.read_rows(pairs)})}
-    if cfg.algorithm == "madpo":
-        res = train_dpo(ctx, pairs)
-        _, ev = evaluate_checkpoint(ctx, res["checkpoint"])
-        rows = store.read_rows(res["metrics"])
-        out.update(checkpoint=str(store.open_dir(res["checkpoint"])), eval=ev, metrics=rows,
-                   env_steps=max((r["env_step"] for r in rows), default=0))
-        return out
-    rm_ref, rm_metrics = fit_rm(ctx, pairs)
-    rctx = rl_context(ctx, rm_ref)
-    res = run_segments(rctx)
-    _, ev = evaluate_checkpoint(rctx, res.checkpoint)
-    first, last = res.first_last()
-    out.update(reward_model=rm_ref.key, reward_model_metrics=rm_metrics, checkpoint=str(store.open_dir(res.checkpoint)),
-               eval=ev, rm_reward_first=first, rm_reward_last=last, env_steps=res.env_steps)
-    return out

@@ -36,26 +36,14 @@ from coopflow.stages.evaluate.evaluate import evaluate
 from coopflow.stages.evaluate.reward_drift import drift_metrics, drift_record
 from coopflow.stages.planning.context import (RunContext, formatters_for, joint_prompt_parts, processed_range,
                                   resolve_model_sources)
-from coopflow.stages.planning.keys import declared_key, rm_round_key
+from coopflow.stages.planning.keys import rm_round_key, round_keys
 from coopflow.stages.loops.run import run_segments
 from coopflow.stages.loops.segment import acquire_policies, open_checkpoint
 from coopflow.stages.rollout.generate import SamplingConfig, generate_rollouts
 from coopflow.stages.score.pairs import aligned_comparisons
 from coopflow.stages.score.replay import sample_replay
 from coopflow.stages.score.scores import score_rewards
-from coopflow.stages.tasks.taskset import items_digest
 
-
-
-def round_keys(ctx: RunContext) -> list[str]:
-    """Checkpoint key of every round 1..num_iterations (computable before anything runs)."""
-    out, prev = [], ctx.plan.start_key
-    for r in range(1, ctx.cfg.trainer.num_iterations + 1):
-        prev = declared_key("round", "checkpoint", ctx.cfg, {
-            "prev": prev, "round": r, "items": items_digest(ctx.train_items), "formatters": ctx.formatter_ids(),
-            "eval_items": items_digest(ctx.eval_items_used()), "reward": ctx.reward_id})
-        out.append(prev)
-    return out
 
 
 def completed_rounds(ctx: RunContext) -> int:

@@ -1,9 +1,9 @@
 """The segment loop: every segment of an online RL run in order, and what follows training.
 
-`run_segments` is the one loop over a run's segments. The Prefect flows, the direct path, MARLHF's
-RL phase (offline and per iterative round) and the Python API all use it; a flow passes a
-`run_segment` that wraps `train_segment` in a Prefect task and an `on_segment` callback that logs
-each segment's metrics. A segment whose checkpoint is stored is returned without loading a model,
+`run_segments` is the one loop over a run's segments. The run driver (`coopflow.flows.driver`: the Prefect
+flows, the CLI, the Python API, tests and benchmarks) and MARLHF's RL phase (offline and per iterative round) use
+it; the driver passes a `run_segment` that runs `train_segment` as its runner's step and an `on_segment` callback
+that logs each segment's metrics. A segment whose checkpoint is stored is returned without loading a model,
 so rerunning a finished run only re-reads its manifests.
 
 After training: `evaluate_checkpoint` (single-path evaluation with the task reward), `refit_critic`
@@ -11,14 +11,12 @@ After training: `evaluate_checkpoint` (single-path evaluation with the task rewa
 (score an earlier run's stored rollouts with this config's reward, no generation or training).
 """
 
-import logging
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from coopflow.artifacts import ArtifactError, ArtifactRef, ArtifactStore
-from coopflow.schemas.config import ConfigError, RunConfig
+from coopflow.schemas.config import ConfigError
 from coopflow.stages.agents.checkpoint import (CheckpointLayout, drop_optimizer_state, find_checkpoint, is_weights_only,
                                      policy_key_of)
 from coopflow.stages.agents.models import load_critic, save_critic
@@ -26,13 +24,11 @@ from coopflow.stages.common.seeds import derive_seed
 from coopflow.stages.evaluate.evaluate import eval_metrics, evaluate, hook_metrics
 from coopflow.stages.fit.critic import fit_critic, predict_values
 from coopflow.stages.loops import actor_critic as AC
-from coopflow.stages.planning.context import RunContext, formatters_for, make_context
-from coopflow.stages.planning.session import Session
+from coopflow.stages.planning.context import RunContext, formatters_for
 from coopflow.stages.planning.plan import is_actor_critic
 from coopflow.stages.planning.keys import critic_refit_key, eval_key, scores_key
 from coopflow.stages.loops.segment import (SegmentResult, acquire_policies, node_means, peek_policies, score_or_load,
                                   train_segment)
-from coopflow.stages.tasks.taskset import build_taskset
 
 
 # --- the segment loop ----------------------------------------------------------------------------
@@ -170,35 +166,6 @@ def segment_keys_of(store: ArtifactStore, run_key: str) -> list[str]:
         raise ConfigError(f"rescore_from={run_key!r}: no such run (no checkpoint with that run_key in {store.root})")
     state = CheckpointLayout(store.open_dir(ck)).trainer_state()
     return state.get("segment_steps") or state.get("segment_keys", [run_key])
-
-
-def run_direct(cfg: RunConfig, store: ArtifactStore | None = None, show_progress: bool = False,
-               metrics_refs: list | None = None, session: Session | None = None) -> dict:
-    """Train and evaluate an online RL config by calling the stages directly (no Prefect, no MLflow).
-
-    Returns a summary (env_steps, reward_first/last, train/load/wall seconds, eval, checkpoint). The
-    benchmark measures the Prefect flow's overhead against this path. `train_seconds` is the training
-    loop (generate, score, update, checkpoint) without model loading (`load_seconds`); `wall_seconds`
-    covers everything up to the final evaluation.
-    """
-    store = store or ArtifactStore.of(cfg)
-    t0 = time.perf_counter()
-    ctx = make_context(cfg, store, build_taskset(cfg.taskset, store), session=session)
-    for w in ctx.plan.warnings:  # the flows log them with Prefect's logger
-        logging.getLogger(__name__).warning(w)
-    try:
-        before = evaluate_initial(ctx)[1] if cfg.eval_before else None
-        res = run_segments(ctx, show_progress=show_progress)
-        if metrics_refs is not None:  # the caller wants every segment's metrics table (e.g. to log them)
-            metrics_refs.extend(res.metrics_refs)
-        wall_s = time.perf_counter() - t0
-        _, ev = evaluate_checkpoint(ctx, res.checkpoint)
-    finally:
-        ctx.session.close()
-    out = {**training_summary(store, res), "wall_seconds": wall_s, "eval": ev, "executed": ctx.session.executed()}
-    if before is not None:
-        out["eval_before"] = before
-    return out
 
 
 # --- after training ------------------------------------------------------------------------------

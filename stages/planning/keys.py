@@ -1,4 +1,4 @@
-"""The input-addressed keys of a run's artifacts, chained so every key is known before anything runs.
+"""Every input-addressed key of coopflow's artifacts, chained so every key is known before anything runs.
 
     policy_0       = H(initial sources' identities, start inputs)
     rollouts_u     = H(policy_u, items of u, u, sampling, prompts, rollouts inputs
@@ -10,14 +10,23 @@
     steps_s        = <end key of segment s>-s<H(start and end keys of s)>
     metrics_s      = <steps_s>-m<H(task reward identity, metrics inputs)>
     eval           = H(checkpoint, eval items, sampling, task reward identity, prompts, eval inputs)
+    candidates     = H(policy_0, items, sampling with P candidates, prompts, candidates inputs)   (MADPO, MARLHF)
+    scores         = H(candidates, reward identity, scores inputs)
+    pairs          = H(scores, pairs inputs)
+    dpo policy     = H(policy_0, pairs, dpo inputs)                                          (MADPO)
+    reward model   = H(pairs, backbone identity, reward_model inputs)                         (MARLHF)
+    round_r        = H(round_{r-1}, r, items, prompts, eval items, reward identity, round inputs)  (iterative)
 
-"<kind> inputs" are the config fields `coopflow.stages.planning.inputs.INPUTS` declares for that kind: every
-key takes its config part from there, never from fields picked here. The identities come from code and
-data (a reward function's source hash, a model directory's files, the items' digest), which no config
-field captures. env_step is counted at run time (early termination makes it data-dependent), which is why
-only the scores key holds it. A checkpoint is stored under the key of the policy version it holds; a
-segment's steps and metrics under keys that start with it (so `coopflow gc` keeps them with it), the steps
-key naming where the segment started (two segmentations of one run share checkpoints, never step lists).
+"<kind> inputs" are the config fields `coopflow.stages.planning.inputs.INPUTS` declares for that kind, with the
+digest of the code each field names (a reward, a formatter, ...); every key takes its config part from there,
+never from fields picked here. Every key also holds the digest of coopflow's code that computes its kind
+(`coopflow.stages.common.stage_code`). The identities come from code and data (a reward's code digest, a model
+directory's files, the items' digest), which no config field captures. env_step is counted at run time (early
+termination makes it data-dependent), which is why only the scores key holds it. A checkpoint is stored under the
+key of the policy version it holds; a segment's steps and metrics under keys that start with it (so `coopflow gc`
+keeps them with it), the steps key naming where the segment started (two segmentations of one run share
+checkpoints, never step lists). The taskset's key is `stages.tasks.taskset.taskset_key` (a lower room: the
+taskset is built before any context exists).
 """
 
 from dataclasses import dataclass
@@ -27,6 +36,7 @@ from coopflow.artifacts import key_for
 from coopflow.stages.common.stage_code import kind_code
 from coopflow.stages.planning.inputs import declared_values
 from coopflow.stages.planning.plan import Update, is_actor_critic
+from coopflow.stages.rollout.generate import SamplingConfig
 from coopflow.stages.tasks.taskset import items_digest
 
 
@@ -143,3 +153,50 @@ def rm_round_key(round_key: str) -> str:
     """Key of the reward model fitted in the iterative round whose checkpoint key is `round_key` (which holds the
     rounds' code digest)."""
     return key_for("reward_model", {"round": round_key})
+
+
+# --- preference learning (MADPO, MARLHF) and iterative rounds ---------------------------------------------
+
+
+def candidate_sampling(cfg) -> SamplingConfig:
+    """The sampling of the preference candidates: P per item."""
+    return SamplingConfig.of(cfg, cfg.trainer.preference_num_candidates)
+
+
+def candidates_key(ctx: KeyContext) -> str:
+    """Key of the P candidates per item sampled from the start policies (a `rollouts` artifact)."""
+    return declared_key("candidates", "rollouts", ctx.cfg, {
+        "start": ctx.plan.start_key, "items": items_digest(ctx.train_items),
+        "sampling": candidate_sampling(ctx.cfg).identity(), "formatters": ctx.formatter_ids()})
+
+
+def preference_scores_key(ctx: KeyContext) -> str:
+    """Key of the candidates' task-reward scores."""
+    return declared_key("scores", "scores", ctx.cfg, {"candidates": candidates_key(ctx), "reward": ctx.reward_id})
+
+
+def pairs_key(ctx: KeyContext) -> str:
+    """Key of the preference pairs built from the scored candidates."""
+    return declared_key("pairs", "pairs", ctx.cfg, {"scores": preference_scores_key(ctx)})
+
+
+def dpo_key(ctx: KeyContext) -> str:
+    """Key of MADPO's policy after DPO on the pairs."""
+    return declared_key("dpo", "policy", ctx.cfg, {"init": ctx.plan.start_key, "pairs": pairs_key(ctx)})
+
+
+def reward_model_key(ctx: KeyContext, backbone: list[dict]) -> str:
+    """Key of MARLHF's reward model fitted on the pairs, from a backbone of identity `backbone`."""
+    return declared_key("reward_model", "reward_model", ctx.cfg, {"pairs": pairs_key(ctx), "backbone": backbone})
+
+
+def round_keys(ctx: KeyContext) -> list[str]:
+    """Checkpoint key of every round 1..num_iterations of an iterative run (computable before anything runs)."""
+    out, prev = [], ctx.plan.start_key
+    for r in range(1, ctx.cfg.trainer.num_iterations + 1):
+        prev = declared_key("round", "checkpoint", ctx.cfg, {
+            "prev": prev, "round": r, "items": items_digest(ctx.train_items), "formatters": ctx.formatter_ids(),
+            "eval_items": items_digest(ctx.eval_items_used()), "reward": ctx.reward_id})
+        out.append(prev)
+    return out
+

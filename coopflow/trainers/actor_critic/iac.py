@@ -18,3 +18,8 @@ class IACTrainer(ActorCriticTrainerBase):
 
     def _critic_count(self, n: int) -> int:
         return n
+
+    @property
+    def critic_models(self) -> list:
+        """The agents' separate critics (the same objects as `critics`; empty with a value head on each actor)."""
+        return self.critics

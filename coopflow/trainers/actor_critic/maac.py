@@ -14,3 +14,13 @@ class MAACTrainer(ActorCriticTrainerBase):
 
     def _critic_count(self, n: int) -> int:
         return 1
+
+    @property
+    def critic_model(self):
+        """The one centralized critic (`critics[0]`)."""
+        return self.critics[0]
+
+    @property
+    def agent_model_name(self) -> str | None:
+        """The agents' model name (as `model_name`: the source's name, e.g. a hub id or a directory's name)."""
+        return self.model_name
