@@ -145,6 +145,20 @@ def test_a_module_edited_after_import_is_refused_until_reloaded(mypkg, tmp_path)
     CI.callable_identity(prompts.fmt)
 
 
+def test_one_plan_sees_one_state_of_the_code(mypkg, tmp_path):
+    """Inside `planning()` (one run's key computation) a closure is checked against its files once; the next plan
+    sees an edit."""
+    from mypkg import task
+
+    helpers = tmp_path / "src" / "mypkg" / "helpers.py"
+    with CI.planning():
+        first = CI.callable_identity(task.reward)
+        helpers.write_text(helpers.read_text().replace("1)", "3)"))
+        assert CI.callable_identity(task.reward) == first
+    importlib.reload(sys.modules["mypkg.helpers"])
+    assert CI.callable_identity(task.reward) != first
+
+
 # --- which keys each edit changes ------------------------------------------------------------------------
 
 

@@ -30,9 +30,11 @@ import ast
 import hashlib
 import importlib.metadata
 import importlib.util
+import os
 import sys
 import sysconfig
 from collections.abc import Iterable
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -268,10 +270,25 @@ def _stat(name: str, path: str) -> tuple:
     mod = sys.modules.get(name)
     spec = id(mod.__spec__) if mod is not None and getattr(mod, "__spec__", None) is not None else None
     try:
-        st = Path(path).stat()
+        st = os.stat(path)
         return name, path, spec, st.st_mtime_ns, st.st_size
     except OSError:
         return name, path, spec, None, None
+
+
+_PLANNING: list[set] = []
+"""While a run plans its keys (`planning()`): the closures already checked against the files in this pass."""
+
+
+@contextmanager
+def planning():
+    """Within this block a closure checked once against its files is reused without checking again: the keys of
+    one plan (hundreds of updates, each naming the same code) see one state of the code, at a fraction of the cost."""
+    _PLANNING.append(set())
+    try:
+        yield
+    finally:
+        _PLANNING.pop()
 
 
 def module_closure(roots: Iterable[str], stop: tuple[str, ...] = ORCHESTRATION) -> dict[str, str]:
@@ -280,7 +297,11 @@ def module_closure(roots: Iterable[str], stop: tuple[str, ...] = ORCHESTRATION) 
     distributions those import. A root that cannot be found is recorded as missing."""
     memo_key = (tuple(roots), stop)
     found = _CLOSURES.get(memo_key)
+    if found is not None and _PLANNING and memo_key in _PLANNING[0]:
+        return found[1]
     if found is not None and all(_stat(*f[:2]) == f for f in found[0]):
+        if _PLANNING:
+            _PLANNING[0].add(memo_key)
         return found[1]
     out: dict[str, str] = {}
     files: list[tuple[str, str]] = []
@@ -317,6 +338,8 @@ def module_closure(roots: Iterable[str], stop: tuple[str, ...] = ORCHESTRATION) 
                 todo.append((target, False))
     out = dict(sorted(out.items()))
     _CLOSURES[memo_key] = (tuple(_stat(*f) for f in files), out)
+    if _PLANNING:
+        _PLANNING[0].add(memo_key)
     return out
 
 

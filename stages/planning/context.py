@@ -23,6 +23,7 @@ from coopflow.stages.agents.decode import resolve_compute_dtype
 from coopflow.stages.agents.models import build_tiny_model
 from coopflow.stages.planning import budget
 from coopflow.stages.planning.keys import segment_end_keys, segment_record_keys, start_key
+from coopflow.stages.common.code_identity import planning
 from coopflow.stages.common.stage_code import kind_code
 from coopflow.stages.planning.plan import (RunPlan, is_actor_critic, plan_segments, plan_updates,
                                trains_in_segments)
@@ -184,6 +185,13 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
     `reward_override` = (reward function, identity): train on another reward (MARLHF's frozen reward
     model) while evaluations keep the task reward. `session`: share a parent run's live resources.
     """
+    with planning():  # the whole plan's keys see one state of the code (each closure checked against its files once)
+        return _make_context(cfg, store, taskset, sources, source_ident, reward_override, session)
+
+
+def _make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sources: list[str] | None = None,
+                  source_ident: dict | None = None, reward_override: tuple | None = None,
+                  session: Session | None = None) -> RunContext:
     if sources is None:
         sources, source_ident = resolve_sources(cfg, store)
     t = cfg.trainer
