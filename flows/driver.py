@@ -52,6 +52,23 @@ ITERATIVE = ("madpo-iter", "marlhf-iter")
 # --- steps: the stage functions a runner runs ------------------------------------------------------
 
 
+def _one_code_state(fn):
+    """Run a pipeline with every key computed against one state of the code (`code_identity.planning`): the code a
+    run's plan named is the code it runs, each closure is checked against its files once (not at every update),
+    and an edit made while the run goes on is seen by the next run, not half-way through this one."""
+    import functools
+
+    from coopflow.stages.common.code_identity import planning
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with planning():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+
 def build_taskset_step(cfg: RunConfig, store: ArtifactStore) -> ArtifactRef:
     """Build or reuse the taskset artifact."""
     return build_taskset(cfg.taskset, store)
@@ -180,6 +197,7 @@ def run(cfg: RunConfig, runner: Runner, show_progress: bool = False, continue_ru
     return train(cfg, runner, show_progress=show_progress, continue_run=continue_run)
 
 
+@_one_code_state
 def evaluate_policies(cfg: RunConfig, runner: Runner, policies, num_items: int | None, seed_name: str) -> dict:
     """Evaluate live policies (the Python API's `trainer.evaluate()`) on the config's eval items (the first
     `num_items`; all when None), after the same pre-flight and with the same context as a run; nothing stored."""
@@ -201,6 +219,7 @@ def evaluate_policies(cfg: RunConfig, runner: Runner, policies, num_items: int |
 # --- train (MAGRPO family, actor-critic) -----------------------------------------------------------
 
 
+@_one_code_state
 def train(cfg: RunConfig, runner: Runner, stages: list[str] | None = None, refresh: list[str] | None = None,
           rescore_from: str | None = None, show_progress: bool = False, continue_run: str | None = None) -> dict:
     """Chain the training stages under the run-key lock, tracked in MLflow; returns the run summary.
@@ -437,6 +456,7 @@ class RunLog:
 # --- preference learning (MADPO, MARLHF) -----------------------------------------------------------
 
 
+@_one_code_state
 def preference(cfg: RunConfig, runner: Runner, stages: list[str] | None = None, refresh: list[str] | None = None,
                show_progress: bool = False) -> dict:
     """MADPO / MARLHF: candidates -> pairs -> (DPO | reward model -> RL) -> evaluate, tracked in MLflow."""
@@ -501,6 +521,7 @@ def _rlhf(ctx: C.RunContext, runner: Runner, log: RunLog, pairs: ArtifactRef,
 # --- iterative (online) MADPO / MARLHF -------------------------------------------------------------
 
 
+@_one_code_state
 def iterative(cfg: RunConfig, runner: Runner, max_new_rounds: int | None = None, show_progress: bool = False) -> dict:
     """The rounds of an iterative experiment, resumed from the store; MLflow: one parent run for the experiment
     (reopened by later runs of it) with the rounds' metrics, and a child run per round with its artifacts."""

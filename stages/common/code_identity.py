@@ -80,6 +80,7 @@ def _distributions() -> dict[str, list[str]]:
     return importlib.metadata.packages_distributions()
 
 
+@lru_cache(maxsize=None)
 def _distribution(top: str) -> str:
     """'name==version' of the installed distribution that provides top-level module `top`."""
     try:  # most distributions are named as their module (a full scan of installed ones takes ~0.5 s)
@@ -156,9 +157,13 @@ def _classify(name: str) -> tuple[str, str | None]:
 
 def _origin(spec) -> str | None:
     origin = getattr(spec, "origin", None)
-    if not origin or origin in ("built-in", "frozen") or not Path(origin).is_file():
-        return None
-    return str(Path(origin).resolve())
+    return None if not origin or origin in ("built-in", "frozen") else _resolved(origin)
+
+
+@lru_cache(maxsize=4096)
+def _resolved(origin: str) -> str | None:
+    """The resolved path of a module's file (None when it is not a file)."""
+    return str(Path(origin).resolve()) if os.path.isfile(origin) else None
 
 
 # --- parsing one module -----------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from coopflow.stages.agents.models import build_tiny_model
 from coopflow.stages.planning import budget
 from coopflow.stages.planning.keys import segment_end_keys, segment_record_keys, start_key
 from coopflow.stages.common.code_identity import planning
-from coopflow.stages.common.stage_code import kind_code
+from coopflow.stages.common.stage_code import CODE, kind_code
 from coopflow.stages.planning.plan import (RunPlan, is_actor_critic, plan_segments, plan_updates,
                                trains_in_segments)
 from coopflow.stages.planning.session import Session
@@ -186,6 +186,8 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
     model) while evaluations keep the task reward. `session`: share a parent run's live resources.
     """
     with planning():  # the whole plan's keys see one state of the code (each closure checked against its files once)
+        for kind in CODE:  # read every stage's code now, not on the first update that keys an artifact of its kind
+            kind_code(kind)
         return _make_context(cfg, store, taskset, sources, source_ident, reward_override, session)
 
 
