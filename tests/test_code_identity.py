@@ -222,6 +222,7 @@ def test_an_edit_of_a_coopflow_stage_changes_the_kinds_it_computes(tmp_path, mon
 # --- a run: the cache follows the code ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_rerun_after_an_edit_recomputes_exactly_what_depends_on_it(mypkg, tmp_path, pinned_threads):
     from coopflow.flows.driver import inline_runner, run
 
