@@ -267,14 +267,16 @@ class StageClock:
         return timed
 
     def install(self) -> None:
-        """Wrap the stages where the run driver (flows/driver.py) and stages.loops.run look them up."""
+        """Wrap the stages where the run driver (flows/driver.py) looks them up (the pre-flight, which both paths
+        run inside the driver, counts as a stage)."""
         import coopflow.flows.driver as FT
-        import coopflow.stages.planning.context as LC
         import coopflow.stages.loops.run as LR
+        import coopflow.stages.operations.preflight as PF
+        import coopflow.stages.planning.context as LC
 
-        for mod, names in ((LR, ("build_taskset", "make_context", "evaluate_initial", "evaluate_checkpoint",
-                                 "train_segment", "training_summary")),
-                           (LC, ("resolve_sources", "make_context")), (FT, ("build_taskset", "train_segment"))):
+        for mod, names in ((LR, ("evaluate_initial", "evaluate_checkpoint", "training_summary")),
+                           (LC, ("resolve_sources", "make_context")), (FT, ("build_taskset", "train_segment")),
+                           (PF, ("preflight",))):
             for name in names:
                 setattr(mod, name, self.wrap(getattr(mod, name)))
 
