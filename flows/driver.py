@@ -68,7 +68,6 @@ def _one_code_state(fn):
     return wrapper
 
 
-
 def build_taskset_step(cfg: RunConfig, store: ArtifactStore) -> ArtifactRef:
     """Build or reuse the taskset artifact."""
     return build_taskset(cfg.taskset, store)

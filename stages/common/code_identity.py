@@ -16,14 +16,15 @@ the digest of a *module closure*:
   optional extras they import inside a function where used (ray, peft, ...): installing an extra recomputes
   nothing.
 
-coopflow's own artifact kinds are identified the same way (`kind_digest`): the modules that compute a kind are
-declared once (`coopflow.stages.planning.inputs.CODE`) and the digest of their closure enters that kind's key.
+coopflow's own artifact kinds are identified the same way (`stage_code.kind_code`): the modules that compute a
+kind are declared once (`coopflow.stages.common.stage_code.CODE`) and the digest of their closure enters that
+kind's key.
 The closure does not go on from the *orchestration* modules (the loops and the planning), which import every
 stage: a loop's own code counts for the kinds it computes, the stages it calls count through their own roots.
 
-Digests are computed from the files on disk when a key is computed (a few milliseconds: each file's parsed
-digest is cached by its content hash), so an edit made while a Python process is running counts the next time
-that process plans a run.
+Digests are computed from the files on disk (each file's parsed digest is cached by its content hash, each closure
+by its files' stats), once per run (`planning()`): an edit made while a Python process runs counts the next time
+that process plans a run, and a module edited after the process imported it is refused (`StaleModuleError`).
 """
 
 import ast
@@ -38,7 +39,7 @@ from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["callable_identity", "module_digest", "module_closure", "code_digest"]
+__all__ = ["callable_identity", "module_closure", "code_digest", "planning", "StaleModuleError"]
 
 ORCHESTRATION = ("coopflow.stages.loops", "coopflow.stages.planning", "coopflow.flows", "coopflow.stages.operations")
 """Packages whose modules count as themselves only: their imports are not followed (they import every stage)."""
@@ -206,11 +207,6 @@ def _parse(path: str) -> tuple[str, tuple]:
     dump = ast.dump(_strip_docstrings(tree), annotate_fields=False, include_attributes=False)
     _PARSED[h] = (hashlib.sha256(dump.encode()).hexdigest()[:16], tuple(imports))
     return _PARSED[h]
-
-
-def module_digest(path: str | Path) -> str:
-    """Digest of one file's code: its syntax tree without docstrings (comments and formatting never reach it)."""
-    return _parse(str(path))[0]
 
 
 class StaleModuleError(RuntimeError):

@@ -45,7 +45,6 @@ from coopflow.stages.score.replay import sample_replay
 from coopflow.stages.score.scores import score_rewards
 
 
-
 def completed_rounds(ctx: RunContext) -> int:
     """How many rounds of this experiment are already stored (their checkpoints)."""
     n = 0

@@ -75,7 +75,7 @@ class UpdateKeys:
 def declared_key(kind: str, store_kind: str, cfg, upstream: dict) -> str:
     """The key of an artifact of `store_kind`: its upstream keys and identities, the config fields declared as
     inputs of `kind` (with the code digest of those that name code) and the digest of coopflow's code that
-    computes `kind` (`inputs.CODE`)."""
+    computes `kind` (`stage_code.CODE`)."""
     return key_for(store_kind, {"in": upstream, "cfg": declared_values(cfg, kind), "code": kind_code(kind)})
 
 
