@@ -248,9 +248,10 @@ class FacadeTrainer:
         if src != "tiny" and not is_catalog_name(src):
             return src
         from coopflow.stages.planning.context import resolve_model_sources
+        from coopflow.stages.planning.settings import RunSettings
 
         cfg = self._base_config()
-        return resolve_model_sources([src], cfg, ArtifactStore.of(cfg), "agents")[0][0]
+        return resolve_model_sources([src], RunSettings.of(cfg), ArtifactStore.of(cfg), "agents")[0][0]
 
     def _base_config(self) -> RunConfig:
         """The smallest run config of this trainer: where its data dir is (and its store's remote mirror)."""

@@ -208,7 +208,8 @@ def evaluate_policies(cfg: RunConfig, runner: Runner, policies, num_items: int |
     try:
         caller, proc, _ = ctx.eval_reward()
         items = ctx.eval_items[:num_items] if num_items else ctx.eval_items
-        _, metrics = evaluate(policies, items, C.formatters_for(ctx, policies), ctx.sampling, caller, proc,
+        _, metrics = evaluate(policies, items, C.formatters_for(ctx, policies, ctx.settings.eval), ctx.eval_sampling,
+                              caller, proc,
                               derive_seed(cfg.seed, seed_name), ctx.episode, ctx.eval_hooks)
     finally:
         ctx.session.close()
@@ -230,7 +231,7 @@ def train(cfg: RunConfig, runner: Runner, stages: list[str] | None = None, refre
     taskset = runner("build-taskset", cfg, store)
     sources, ident = runner("prepare-agents", cfg, store)
     ctx = C.make_context(cfg, store, taskset, sources, ident, session=runner.session)
-    with keyed_run(ctx, runner, continue_run) as log:
+    with keyed_run(cfg, ctx, runner, continue_run) as log:
         if cfg.eval_before and "train" in stages and "evaluate" in stages:
             log.evaluated(*runner("evaluate-before", ctx), before=True)
         trained = None
@@ -283,12 +284,13 @@ def open_store(cfg: RunConfig, runner: Runner) -> ArtifactStore:
 
 
 @contextmanager
-def keyed_run(ctx: C.RunContext, runner: Runner, continue_run: str | None = None) -> Iterator["RunLog"]:
+def keyed_run(cfg: RunConfig, ctx: C.RunContext, runner: Runner,
+              continue_run: str | None = None) -> Iterator["RunLog"]:
     """The MLflow run of a run key, under the run-key lock: a run that waited for an identical one reuses that
     one's MLflow run, a killed process's run is continued (older killed ones closed), `continue_run` is checked
     and continued. On exit the run's session closes, MLflow finishes (FAILED on an error), the lock is released
     (also by the process's death)."""
-    cfg, run_key = ctx.cfg, ctx.run_key
+    run_key = ctx.run_key
     tracker = tracker_for(cfg)
     t_wait = int(time.time() * 1000)
     with ctx.store.lock(f"run-{run_key}", [ctx.plan.start_key, *ctx.end_keys]) as waited, _closing(ctx, tracker):
@@ -302,7 +304,7 @@ def keyed_run(ctx: C.RunContext, runner: Runner, continue_run: str | None = None
             resumed = _take_over_killed(tracker, run_key)
         tracker.record("taskset", ctx.taskset, tag=True)  # (a new run gets its queued tags with its params)
         tags = {"coopflow.run_key": run_key, **runner.tags}
-        log = RunLog.start(ctx, runner, tracker, run_key, tags, run_id=continue_run or resumed)
+        log = RunLog.start(cfg, ctx, runner, tracker, run_key, tags, run_id=continue_run or resumed)
         if continue_run or resumed:
             tracker.tag(tags)
         if resumed and not waited:
@@ -357,25 +359,24 @@ class RunLog:
     """What a run tells MLflow and its caller: one method per event, each logging it and noting it in the
     summary the run returns."""
 
-    def __init__(self, ctx: C.RunContext, runner: Runner, tracker: Tracker, summary: dict):
-        self.ctx, self.store, self.runner, self.tracker = ctx, ctx.store, runner, tracker
+    def __init__(self, cfg: RunConfig, ctx: C.RunContext, runner: Runner, tracker: Tracker, summary: dict):
+        self.cfg, self.ctx, self.store, self.runner, self.tracker = cfg, ctx, ctx.store, runner, tracker
         self.summary = summary
         self.env_steps = 0  # where evaluations are logged: the trained policy's env_step
         self.continued = False  # the MLflow run already holds the metrics of stored segments
 
     @classmethod
-    def start(cls, ctx: C.RunContext, runner: Runner, tracker: Tracker, key: str, tags: dict[str, str],
-              run_id: str | None = None) -> "RunLog":
+    def start(cls, cfg: RunConfig, ctx: C.RunContext, runner: Runner, tracker: Tracker, key: str,
+              tags: dict[str, str], run_id: str | None = None) -> "RunLog":
         """Create (or reopen `run_id`) the run's MLflow run, named by the config, else `<algorithm>-<label or
         key>`, with the config (secrets masked) as params."""
-        cfg = ctx.cfg
         name = cfg.tracking.run_name or f"{cfg.algorithm}-{runner.label or key[:8]}"
         run_id = tracker.start(name, {"coopflow.algorithm": cfg.algorithm, **tags}, public_params(cfg), run_id=run_id)
         runner.logger.info("%s: %s in %d segment(s), key %s, mlflow run %s", cfg.algorithm, ctx.plan.budget.describe(),
                            len(ctx.plan.segments), key, run_id)
         for w in ctx.plan.warnings:
             runner.logger.warning(w)
-        return cls(ctx, runner, tracker, {"algorithm": cfg.algorithm, "mlflow_run_id": run_id,
+        return cls(cfg, ctx, runner, tracker, {"algorithm": cfg.algorithm, "mlflow_run_id": run_id,
                                           "budget": ctx.plan.budget.as_dict()})
 
     def artifacts(self, tag: bool = True, **refs: ArtifactRef) -> None:
@@ -435,7 +436,7 @@ class RunLog:
         """The run's files (summary, config, lineage; reward curve and sample rollouts of a training run) and the
         `final_model_saved` mark; returns the summary."""
         self.summary["executed"] = self.ctx.session.executed()
-        t, cfg = self.tracker, self.ctx.cfg
+        t, cfg = self.tracker, self.cfg
         if t.enabled:
             files: dict[str, Any] = {"summary.json": self.summary, "config.json": public_params(cfg),
                                      "lineage.json": t.lineage}
@@ -468,10 +469,10 @@ def preference(cfg: RunConfig, runner: Runner, stages: list[str] | None = None, 
         raise ConfigError(f"unknown stage(s) {bad} for train-{cfg.algorithm}; choose from {list(PREFERENCE_STAGES)}")
     store = open_store(cfg, runner)
     taskset = runner("build-taskset", cfg, store)
-    ctx = P.preference_context(cfg, store, taskset, runner.session)
+    ctx = C.preference_context(cfg, store, taskset, runner.session)
     tracker = tracker_for(cfg)
     with _closing(ctx, tracker):
-        log = RunLog.start(ctx, runner, tracker, K.pairs_key(ctx), dict(runner.tags))
+        log = RunLog.start(cfg, ctx, runner, tracker, K.pairs_key(ctx), dict(runner.tags))
         log.artifacts(taskset=taskset)
         cand, scores = runner("generate-candidates", ctx)
         pairs = runner("build-pairs", ctx, cand, scores)

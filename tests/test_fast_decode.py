@@ -92,16 +92,31 @@ def test_bf16_matmuls_on_float32_weights_stay_close_to_float32(tiny_model_dir):
     assert torch.equal(a, b)
 
 
+def _sampling(cfg):
+    from coopflow.stages.planning.settings import RunSettings
+
+    settings = RunSettings.of(cfg)
+    return SamplingConfig.of(settings.rollouts, settings.execution, 2)
+
+
 def test_compute_dtype_setting_resolves_per_machine_and_keys_stay(monkeypatch, tmp_path):
     from coopflow.schemas.config import validate_config
     from tests.conftest import small_config
 
-    base = SamplingConfig.of(validate_config(small_config(tmp_path)), 2)
-    assert base.compute_dtype == "model" and "compute_dtype" not in base.identity()  # older keys stay valid
+    base = _sampling(validate_config(small_config(tmp_path)))
+    assert base.compute_dtype == "model"
     monkeypatch.setattr(FD, "native_bf16", lambda device="cpu": True)
-    auto = SamplingConfig.of(validate_config(small_config(tmp_path, agents={"agent_model": "tiny", "num_agents": 2,
-                                                                              "compute_dtype": "auto"})), 2)
-    assert auto.compute_dtype == "bfloat16" and auto.identity()["compute_dtype"] == "bfloat16"
+    auto_cfg = validate_config(small_config(tmp_path, agents={"agent_model": "tiny", "num_agents": 2,
+                                                              "compute_dtype": "auto"}))
+    assert _sampling(auto_cfg).compute_dtype == "bfloat16"
+    # the start key holds the resolved dtype: a machine that resolves `auto` otherwise computes other keys
+    from coopflow.artifacts import ArtifactStore
+    from coopflow.stages.planning.context import resolve_sources
+
+    store = ArtifactStore(tmp_path / "store")
+    assert resolve_sources(auto_cfg, store)[1]["compute_dtype"] == "bfloat16"
+    monkeypatch.setattr(FD, "native_bf16", lambda device="cpu": False)
+    assert resolve_sources(auto_cfg, store)[1]["compute_dtype"] == "model"
     monkeypatch.setattr(FD, "native_bf16", lambda device="cpu": False)
     assert FD.resolve_compute_dtype("auto", "cpu") == "model" and FD.resolve_compute_dtype("bfloat16", "cpu") == "bfloat16"
 
@@ -177,10 +192,12 @@ def test_decode_step_setting_reaches_the_loop_and_never_the_keys(tiny_model_dir,
     from tests.conftest import small_config
 
     base = small_config(tmp_path)
-    default = SamplingConfig.of(validate_config(base), 2)
-    static = SamplingConfig.of(validate_config({**base, "agents": {**base["agents"], "decode_step": "static"}}), 2)
-    assert default.decode_step == "auto" and static.decode_step == "static"
-    assert static.identity() == default.identity() and "decode_step" not in default.identity()
+    from coopflow.stages.planning.settings import RunSettings
+
+    default_cfg = validate_config(base)
+    static_cfg = validate_config({**base, "agents": {**base["agents"], "decode_step": "static"}})
+    assert _sampling(default_cfg).decode_step == "auto" and _sampling(static_cfg).decode_step == "static"
+    assert RunSettings.of(static_cfg).declared == RunSettings.of(default_cfg).declared  # never in a key
     with pytest.raises((ConfigError, ValueError), match="decode_step"):
         validate_config({**base, "agents": {**base["agents"], "decode_step": "graphs"}})
     model, tok = load_agent(tiny_model_dir)

@@ -70,7 +70,7 @@ def test_history_comparator_falls_back_to_the_initial_agents_and_model_comparato
 
 def test_current_copy_comparator_uses_the_agents_on_their_own_devices_else_a_copy(tmp_path):
     ctx = _ctx(tmp_path, comparator_policy="copy", num_iterations=1)
-    assert ctx.cfg.trainer.comparator_policy == "current_copy"
+    assert ctx.settings.round.trainer.comparator_policy == "current_copy"
     sentinel = object()
     assert I._comparator(ctx, 1, round_keys(ctx), sentinel) == (sentinel, True)  # same devices: the agents
     ctx2 = _ctx(tmp_path / "c", comparator_policy="current_copy", comparator_devices=["cpu:0", "cpu:0"],

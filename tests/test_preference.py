@@ -8,6 +8,7 @@ import torch
 from coopflow.stages.agents.spec import specs_for
 from coopflow.schemas.config import ConfigError, validate_config
 from coopflow.artifacts import ArtifactStore
+from coopflow.stages.planning import context as C
 from coopflow.stages.planning.context import formatters_for, make_context
 from coopflow.stages.evaluate.evaluate import evaluate
 from coopflow.stages.loops import preference as P
@@ -228,7 +229,7 @@ def test_marlhf_moves_the_task_reward(tmp_path):
 @pytest.mark.parametrize("rl", ["maac", "iac"])
 def test_marlhf_actor_critic_backends(tmp_path, rl):
     cfg = _cfg(tmp_path, "marlhf", rl_algorithm=rl, num_generations=1, critic_learning_rate=1e-3)
-    rcfg = P.rl_config(cfg)
+    rcfg = C.rl_config(cfg)
     assert rcfg.algorithm == rl and rcfg.critic.critic_model == "tiny" and rcfg.trainer.critic_learning_rate == 1e-3
     out = run_inline(cfg)
     assert set(out["eval"]) == {"eval/turn_1/reward_mean", "eval/turn_1/expected_return"}

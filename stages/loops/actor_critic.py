@@ -26,22 +26,23 @@ from coopflow.stages.fit.critic import critic_step, predict_values
 from coopflow.stages.update.actor_critic import agent_values, minibatches, update_actor
 
 
-def agent_specs(cfg, specs: list[AgentSpec], critic_paths: list[str] | None,
+def agent_specs(settings, execution, specs: list[AgentSpec], critic_paths: list[str] | None,
                 checkpoint: CheckpointLayout | None = None) -> list[AgentSpec]:
     """The agents' specs with IAC's value head or separate critic (MAAC's critic is central, other algorithms
-    have none); `checkpoint`: where the separate critics' optimizer states are."""
-    t = cfg.trainer
-    if cfg.algorithm != "iac":
+    have none); `settings`: the policy stage's settings, `execution`: where the critics run; `checkpoint`: where the
+    separate critics' optimizer states are."""
+    t = settings.trainer
+    if settings.algorithm != "iac":
         return specs
     if not t.use_separate_critic:
-        return [s.with_(value_head=ValueHeadSpec(t.value_head_hidden_dim, derive_seed(cfg.seed, "value_head", i)))
+        return [s.with_(value_head=ValueHeadSpec(t.value_head_hidden_dim, derive_seed(settings.seed, "value_head", i)))
                 for i, s in enumerate(specs)]
-    cdev = t.critic_devices
+    cdev = execution.trainer.critic_devices
     cdevs = [cdev] * len(specs) if isinstance(cdev, str) or cdev is None else list(cdev)
     if len(cdevs) == 1:
         cdevs = cdevs * len(specs)
     return [s.with_(critic=CriticSpec(critic_paths[i], t.critic_lr, t.critic_value_head_hidden_dim,
-                                      cdevs[i] or s.device, derive_seed(cfg.seed, "critic_head", i),
+                                      cdevs[i] or s.device, derive_seed(settings.seed, "critic_head", i),
                                       str(checkpoint.agent_critic_optimizer(i)) if checkpoint is not None else None))
             for i, s in enumerate(specs)]
 
@@ -75,8 +76,9 @@ def _joint_texts(rows: list[dict], critic_type: str) -> dict[tuple, str]:
 
 def old_values(ctx, pol, samples: list[dict]) -> None:
     """Fill `old_value` into every sample: own critics/heads per agent (IAC), the central critic (MAAC)."""
-    t = ctx.cfg.trainer
-    if ctx.cfg.algorithm == "maac":
+    s = ctx.settings.ac_samples
+    t = s.trainer
+    if s.algorithm == "maac":
         texts = _joint_texts(samples, t.critic_type)
         keys = sorted(texts)
         vals = dict(zip(keys, predict_values(pol.critic, [{"critic_text": texts[k]} for k in keys], t.critic_type)))
@@ -98,7 +100,7 @@ AC_COLUMNS = ("step", "item_id", "turn", "node_id", "agent", "sample", "reward",
 
 def build_samples(ctx, pol, rows: list[dict], scores: list[dict]) -> list[dict]:
     """Samples with rewards, old values, targets and advantages (the `ac_samples` rows + token data)."""
-    t = ctx.cfg.trainer
+    t = ctx.settings.ac_samples.trainer
     samples = _samples(rows, scores)
     old_values(ctx, pol, samples)
     return compute_targets(samples, t.discount, t.reference_kl_coef if t.reference_kl_enabled else None,
@@ -107,11 +109,12 @@ def build_samples(ctx, pol, rows: list[dict], scores: list[dict]) -> list[dict]:
 
 def join_samples(ctx, rows: list[dict], ac_rows: list[dict]) -> list[dict]:
     """Stored ac_samples rows joined back with their rollouts' token data (replay path)."""
-    t = ctx.cfg.trainer
+    s = ctx.settings.ac_samples
+    t = s.trainer
     key = ("step", "turn", "node_id", "agent", "sample")
     stored = {tuple(a[k] for k in key): a for a in ac_rows}
     out = [{**r, **stored[tuple(r[k] for k in key)]} for r in rows]
-    if ctx.cfg.algorithm == "maac":
+    if s.algorithm == "maac":
         texts = _joint_texts(rows, t.critic_type)
         for s in out:
             s["critic_text"] = texts[(s["step"], s["turn"], s["node_id"], s["sample"])]
@@ -120,17 +123,18 @@ def join_samples(ctx, rows: list[dict], ac_rows: list[dict]) -> list[dict]:
 
 def update(ctx, pol, samples: list[dict], seed: int, step: int) -> dict[str, float]:
     """Actors (+ own critics / heads) step on every agent's samples; MAAC's critic on every agent's batch."""
-    t = ctx.cfg.trainer
+    s = ctx.settings.policy
+    t = s.trainer
     keep = ("step", "turn", "node_id", "sample", "prompt_ids", "completion_ids", "prompt", "completion_text",
             "norm_advantage", "value_target", "old_value")
-    clip = t.value_clip_range if ctx.cfg.algorithm == "iac" and not t.use_separate_critic else None
+    clip = t.value_clip_range if s.algorithm == "iac" and not t.use_separate_critic else None
     per_agent = [[s for s in samples if s["agent"] == a] for a in range(ctx.n)]
     args = [([{k: s[k] for k in keep} for s in mine], t.batch_size, seed, step, a, t.critic_type, t.value_loss_coef,
              clip) for a, mine in enumerate(per_agent)]
     metrics: dict[str, float] = {}
     for m in pol.run(update_actor, args):
         metrics.update(m)
-    if ctx.cfg.algorithm == "maac":  # the shared critic steps on every agent's minibatches, in agent order
+    if s.algorithm == "maac":  # the shared critic steps on every agent's minibatches, in agent order
         losses, preds = [], []
         for a, mine in enumerate(per_agent):
             for mb in minibatches(mine, t.batch_size, seed, step, a):

@@ -22,30 +22,19 @@ import random
 import time
 from collections import defaultdict
 
-from coopflow.artifacts import ArtifactRef, ArtifactStore
-from coopflow.schemas.config import RunConfig, rl_trainer_fields, validate_config
+from coopflow.artifacts import ArtifactRef
 from coopflow.stages.agents.models import save_checkpoint
 from coopflow.stages.common.seeds import derive_seed
 from coopflow.stages.evaluate.evaluate import evaluate
-from coopflow.stages.planning import budget as budget_mod
-from coopflow.stages.planning.context import RunContext, formatters_for, make_context, resolve_model_sources
-from coopflow.stages.planning.keys import (candidate_sampling, candidates_key, dpo_key, metrics_key, pairs_key,
-                                           preference_scores_key, reward_model_key)
+from coopflow.stages.planning.context import RunContext, formatters_for, resolve_model_sources, rl_phase_context
+from coopflow.stages.planning.keys import (candidates_key, dpo_key, metrics_key, pairs_key, preference_scores_key,
+                                           reward_model_key)
 from coopflow.stages.loops.segment import acquire_policies
-from coopflow.stages.rollout.generate import generate_rollouts
+from coopflow.stages.rollout.generate import SamplingConfig, generate_rollouts
 from coopflow.stages.score.pairs import build_pairs
 from coopflow.stages.score.scores import score_rewards
 
 # --- candidates, scores, pairs -------------------------------------------------------------------
-
-
-def preference_budget(ctx: RunContext) -> budget_mod.Budget:
-    """Counts of the candidate phase (P sequences per agent per item; one generate per agent)."""
-    t, n, items = ctx.cfg.trainer, ctx.n, len(ctx.train_items)
-    P = t.preference_num_candidates
-    n_eval = len(ctx.eval_items_used())
-    return budget_mod.Budget(updates=0, generate_calls=n, sequences=items * P * n, joint_actions=items * P,
-                             reward_calls=items * P, eval_sequences=n_eval * n)
 
 
 def generate_candidates(ctx: RunContext) -> tuple[ArtifactRef, ArtifactRef]:
@@ -53,11 +42,12 @@ def generate_candidates(ctx: RunContext) -> tuple[ArtifactRef, ArtifactRef]:
     store = ctx.store
     ref, sref = store.find("rollouts", candidates_key(ctx)), store.find("scores", preference_scores_key(ctx))
     if ref is None:
-        pol = acquire_policies(ctx, None, ctx.plan.start_key)
-        fmts = formatters_for(ctx, pol)
+        s = ctx.settings.candidates
+        pol = acquire_policies(ctx, None, ctx.plan.start_key, ctx.settings.dpo)  # the policies DPO then trains
+        fmts = formatters_for(ctx, pol, s)
         prompts = [[f(it) for it in ctx.train_items] for f in fmts]
-        rows = generate_rollouts(pol, prompts, [it["_item_id"] for it in ctx.train_items], candidate_sampling(ctx.cfg),
-                                 ctx.cfg.seed, step=0)
+        sampling = SamplingConfig.of(s, ctx.settings.execution, s.trainer.preference_num_candidates)
+        rows = generate_rollouts(pol, prompts, [it["_item_id"] for it in ctx.train_items], sampling, s.seed, step=0)
         ctx.session.live.put(ctx.plan.start_key, pol)  # the initial policy stays live for the DPO update
         ctx.session.calls["generate"] += 1
         ref = store.put_table("rollouts", candidates_key(ctx), rows)
@@ -75,9 +65,9 @@ def make_pairs(ctx: RunContext, cand: ArtifactRef, scores: ArtifactRef) -> Artif
     found = ctx.store.find("pairs", pairs_key(ctx))
     if found is not None:
         return found
-    t = ctx.cfg.trainer
-    rows = build_pairs(ctx.store.read_rows(cand), ctx.store.read_rows(scores), t.pair_selection,
-                       t.preference_pairs_per_sample, ctx.cfg.seed)
+    s = ctx.settings.pairs
+    rows = build_pairs(ctx.store.read_rows(cand), ctx.store.read_rows(scores), s.trainer.pair_selection,
+                       s.trainer.preference_pairs_per_sample, s.seed)
     ctx.session.calls["pairs"] += 1
     return ctx.store.put_table("pairs", pairs_key(ctx), rows)
 
@@ -106,28 +96,30 @@ def train_dpo(ctx: RunContext, pairs: ArtifactRef, show_progress: bool = False) 
     Returns {"checkpoint", "metrics", "steps", "cached"} refs (the metrics rows hold the curve)."""
     from coopflow.stages.update.dpo import dpo_update
 
-    store, cfg, t = ctx.store, ctx.cfg, ctx.cfg.trainer
+    store, s, ms = ctx.store, ctx.settings.dpo, ctx.settings.dpo_metrics  # the update's and the metric rows' settings
+    t, mt = s.trainer, ms.trainer
     key = dpo_key(ctx)
     mkey = metrics_key(ctx, key)
     done = [store.find("checkpoint", key), store.find("metrics", mkey), store.find("steps", key)]
     if all(done):
         return {"checkpoint": done[0], "metrics": done[1], "steps": done[2], "cached": True}
     by_id = pairs_by_id(store.read_rows(pairs))
-    pol = acquire_policies(ctx, None, ctx.plan.start_key)
-    fmts = formatters_for(ctx, pol)
+    pol = acquire_policies(ctx, None, ctx.plan.start_key, s)
+    fmts = formatters_for(ctx, pol, ms)
+    sampling = SamplingConfig.of(ms, ctx.settings.execution, 1)  # periodic evaluations: one joint answer per item
     ids = sorted(by_id)
-    rng = random.Random(derive_seed(cfg.seed, "dpo-shuffle"))
+    rng = random.Random(derive_seed(s.seed, "dpo-shuffle"))
     env, updates, metric_rows, steps_rows, last = 0, 0, [], [], None
     t0 = time.perf_counter()
     try:
         for epoch in range(t.num_train_epochs):
             rng.shuffle(ids)
             for b in range(0, len(ids), t.batch_size):
-                if t.eval_interval and t.eval_num_samples and updates % t.eval_interval == 0:
+                if mt.eval_interval and mt.eval_num_samples and updates % mt.eval_interval == 0:
                     ecaller, eproc, _ = ctx.eval_reward()
-                    _, em = evaluate(pol, ctx.eval_items_used(), fmts, ctx.sampling, ecaller, eproc,
-                                       derive_seed(cfg.seed, "eval", updates), ctx.episode, ctx.eval_hooks,
-                                     samples=ctx.cfg.trainer.eval_samples_per_item)
+                    _, em = evaluate(pol, ctx.eval_items_used(), fmts, sampling, ecaller, eproc,
+                                     derive_seed(s.seed, "eval", updates), ctx.episode, ctx.eval_hooks,
+                                     samples=mt.eval_samples_per_item)
                     ctx.session.calls["evaluate"] += 1
                     metric_rows += [{"key": k, "value": v, "env_step": env} for k, v in em.items()]
                 chunk = ids[b:b + t.batch_size]
@@ -138,7 +130,7 @@ def train_dpo(ctx: RunContext, pairs: ArtifactRef, show_progress: bool = False) 
                 if t.use_environment_step:
                     env += t.environment_steps_per_pair * len(chunk)
                 reward_mean = sum(by_id[p][0]["candidate_reward_mean"] for p in chunk) / len(chunk)
-                if last is None or env - last >= t.logging_steps:
+                if last is None or env - last >= mt.logging_steps:
                     last = env
                     m.update({"turn_1/reward_mean": reward_mean, "turn_1/expected_return": reward_mean})
                     metric_rows += [{"key": k, "value": v, "env_step": env} for k, v in m.items()]
@@ -160,13 +152,15 @@ def train_dpo(ctx: RunContext, pairs: ArtifactRef, show_progress: bool = False) 
 # --- MARLHF: reward model, then online RL on it --------------------------------------------------
 
 
-def rm_source(cfg: RunConfig) -> str:
-    return cfg.trainer.reward_model_name or cfg.agents.sources()[0]
+def rm_source(settings) -> str:
+    """The reward model's backbone: trainer.reward_model_name, else the first agent's model."""
+    return settings.trainer.reward_model_name or settings.agents.sources()[0]
 
 
 def rm_key(ctx: RunContext) -> str:
     """Key of the reward model fitted on this run's pairs (`keys.reward_model_key` with its backbone's identity)."""
-    _, ident = resolve_model_sources([rm_source(ctx.cfg)], ctx.cfg, ctx.store, "trainer.reward_model_name")
+    src = rm_source(ctx.settings.reward_model)
+    _, ident = resolve_model_sources([src], ctx.settings, ctx.store, "trainer.reward_model_name")
     return reward_model_key(ctx, ident)
 
 
@@ -175,64 +169,43 @@ def fit_rm(ctx: RunContext, pairs: ArtifactRef, key: str | None = None) -> tuple
     its accuracy/margin on the pairs. The model starts fresh from the backbone (trainer.reward_model_name)."""
     from coopflow.stages.fit.reward_model import fit_reward_model, load_reward_model, pair_texts, rank_metrics
 
-    t, store = ctx.cfg.trainer, ctx.store
+    s, store = ctx.settings.reward_model, ctx.store
+    t = s.trainer
     texts = pair_texts(store.read_rows(pairs))
     pairs_by_id(store.read_rows(pairs))  # clear error when there are no pairs
     key = key or rm_key(ctx)
-    device = t.reward_model_device or ctx.cfg.agents.device
+    device = ctx.settings.execution.trainer.reward_model_device or s.agents.device
     found = store.find("reward_model", key)
     if found is not None:
-        rm = load_reward_model(store.open_dir(found), ctx.cfg.agents.dtype, device, t.reward_freeze_backbone,
+        rm = load_reward_model(store.open_dir(found), s.agents.dtype, device, t.reward_freeze_backbone,
                                t.reward_max_length)
         return found, rank_metrics(rm, texts)
-    paths, _ = resolve_model_sources([rm_source(ctx.cfg)], ctx.cfg, store, "trainer.reward_model_name")
-    rm = load_reward_model(paths[0], ctx.cfg.agents.dtype, device, t.reward_freeze_backbone, t.reward_max_length,
-                           derive_seed(ctx.cfg.seed, "reward_head") % (2 ** 31))
+    paths, _ = resolve_model_sources([rm_source(s)], ctx.settings, store, "trainer.reward_model_name")
+    rm = load_reward_model(paths[0], s.agents.dtype, device, t.reward_freeze_backbone, t.reward_max_length,
+                           derive_seed(s.seed, "reward_head") % (2 ** 31))
     before = rank_metrics(rm, texts)
     steps = fit_reward_model(rm, texts, t.reward_learning_rate, t.reward_num_train_epochs,
-                             t.reward_train_batch_size, derive_seed(ctx.cfg.seed, "rm-shuffle"))
+                             t.reward_train_batch_size, derive_seed(s.seed, "rm-shuffle"))
     ctx.session.calls["fit_reward_model"] += 1
     metrics = {**rank_metrics(rm, texts), "reward_model/accuracy_before": before["reward_model/accuracy"],
                "reward_model/loss_last": steps[-1]["loss"] if steps else float("nan")}
     return store.put_dir("reward_model", key, rm.save), metrics
 
 
-def rl_config(cfg: RunConfig) -> RunConfig:
-    """The online RL run of a MARLHF config: its rl_algorithm's config, the shared trainer fields mapped over."""
-    t = cfg.trainer
-    data = cfg.model_dump(mode="json", exclude={"algorithm", "trainer"})
-    data["trainer"] = rl_trainer_fields(t, t.rl_algorithm)
-    if t.rl_algorithm == "maac" or (t.rl_algorithm == "iac" and t.use_separate_critic):
-        data["critic"] = {"critic_model": t.critic_model_name or cfg.agents.sources()[0]}
-    return validate_config(data, t.rl_algorithm)
-
-
 def load_rm_reward(ctx: RunContext, rm_ref: ArtifactRef):
     """The frozen reward model of `rm_ref` as a reward function over the agents' joint answers."""
     from coopflow.stages.fit.reward_model import RewardModelReward, load_reward_model
 
-    cfg, t = ctx.cfg, ctx.cfg.trainer
-    rm = load_reward_model(ctx.store.open_dir(rm_ref), cfg.agents.dtype, t.reward_model_device or cfg.agents.device,
-                           t.reward_freeze_backbone, t.reward_max_length)
+    s = ctx.settings.reward_model
+    rm = load_reward_model(ctx.store.open_dir(rm_ref), s.agents.dtype,
+                           ctx.settings.execution.trainer.reward_model_device or s.agents.device,
+                           s.trainer.reward_freeze_backbone, s.trainer.reward_max_length)
     rm.requires_grad_(False)
-    return RewardModelReward(rm, formatters_for(ctx, None))  # centralized: the joint prompt (no chat template)
+    return RewardModelReward(rm, formatters_for(ctx, None, s))  # centralized: the joint prompt (no chat template)
 
 
 def rl_context(ctx: RunContext, rm_ref: ArtifactRef, sources: list[str] | None = None,
                source_ident: dict | None = None) -> RunContext:
     """A RunContext for the RL phase whose training reward is the frozen reward model (starting from
     `sources`, default the run's agents; `source_ident` names them in the keys)."""
-    return make_context(rl_config(ctx.cfg), ctx.store, ctx.taskset, sources, source_ident,
-                        reward_override=(load_rm_reward(ctx, rm_ref), {"reward_model": rm_ref.key}),
-                        session=ctx.session)
-
-
-# --- direct (no Prefect) -------------------------------------------------------------------------
-
-
-def preference_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, session=None) -> RunContext:
-    """The run context of MADPO / MARLHF, its plan's budget counting the candidate phase."""
-    ctx = make_context(cfg, store, taskset, session=session)
-    est = preference_budget(ctx)
-    budget_mod.check(est, cfg.max_sequences)
-    return ctx.with_plan(budget=est)
+    return rl_phase_context(ctx, (load_rm_reward(ctx, rm_ref), {"reward_model": rm_ref.key}), sources, source_ident)

@@ -56,16 +56,16 @@ def completed_rounds(ctx: RunContext) -> int:
 
 
 def _sampling(ctx: RunContext, p: int) -> SamplingConfig:
-    return SamplingConfig.of(ctx.cfg, p)
+    """The rounds' sampling with p samples per prompt."""
+    return SamplingConfig.of(ctx.settings.round, ctx.settings.execution, p)
 
 
 def _comparator(ctx: RunContext, r: int, keys: list[str], target):
     """(comparator policies, whether they are the target's own models) for round r."""
     from coopflow.stages.agents.workers import agent_devices
 
-    t = ctx.cfg.trainer
-    a = ctx.cfg.agents
-    devices = agent_devices(t.comparator_devices, ctx.n, a.device)
+    t, a = ctx.settings.round.trainer, ctx.settings.round.agents
+    devices = agent_devices(ctx.settings.execution.trainer.comparator_devices, ctx.n, a.device)
 
     def frozen(dirs) -> Policies:  # comparator agent i from dirs[i] on comparator device i
         return load_policies(specs_for(dirs, t.agent_learning_rate, a.dtype, a.attn_implementation, devices))
@@ -84,14 +84,14 @@ def _comparator(ctx: RunContext, r: int, keys: list[str], target):
                 return frozen(CheckpointLayout(ctx.store.open_dir(ref)).sources(ctx.n)[0]), False
         return frozen(ctx.sources), False
     srcs = t.comparator_agents or [t.comparator_model_name] * ctx.n
-    paths, _ = resolve_model_sources(srcs, ctx.cfg, ctx.store, "trainer.comparator_model_name")
+    paths, _ = resolve_model_sources(srcs, ctx.settings, ctx.store, "trainer.comparator_model_name")
     return frozen(paths), False
 
 
 def api_rows(ctx: RunContext, prompts: list[list[str]], n: int) -> list[dict]:
     """Comparator candidates from the HTTP comparator, as rollout-like rows (texts only)."""
     api = _api(ctx)
-    t = ctx.cfg.trainer
+    t = ctx.settings.round.trainer
     rows = []
     for j, item in enumerate(ctx.train_items):
         for a in range(ctx.n):
@@ -107,11 +107,12 @@ def _api(ctx: RunContext):
     """The run's HTTP comparator client."""
     from coopflow.stages.rollout.comparator_api import APIComparator
 
-    t = ctx.cfg.trainer
-    return APIComparator(t.comparator_api_url, t.comparator_api_format, t.comparator_api_model, t.comparator_api_timeout,
-                        t.comparator_api_headers or {}, t.comparator_api_key, t.comparator_api_key_env,
-                        t.comparator_api_key_header, t.comparator_api_key_prefix, t.comparator_api_extra_body or {},
-                        t.comparator_api_response_field, t.comparator_api_max_n_per_request, t.comparator_api_retries)
+    t, x = ctx.settings.round.trainer, ctx.settings.execution.trainer  # what is asked; credentials and limits
+    return APIComparator(t.comparator_api_url, t.comparator_api_format, t.comparator_api_model, x.comparator_api_timeout,
+                         t.comparator_api_headers or {}, x.comparator_api_key, x.comparator_api_key_env,
+                         t.comparator_api_key_header, t.comparator_api_key_prefix, t.comparator_api_extra_body or {},
+                         t.comparator_api_response_field, t.comparator_api_max_n_per_request,
+                         x.comparator_api_retries)
 
 
 def coordinated_rows(ctx: RunContext, comp, n: int, seed: int) -> list[dict]:
@@ -121,10 +122,11 @@ def coordinated_rows(ctx: RunContext, comp, n: int, seed: int) -> list[dict]:
     from coopflow.stages.rollout.coordinator import coordinator_rows
     from coopflow.stages.tasks.centralized import load_adapter
 
-    cfg, t = ctx.cfg, ctx.cfg.trainer
+    rs = ctx.settings.round
+    t = rs.trainer
     idx = t.comparator_centralized_agent_index
-    adapter = load_adapter(cfg.centralized_adapter, cfg.centralized_adapter_kwargs)
-    roles, wrap = joint_prompt_parts(cfg, ctx.roles, comp.tokenizers[idx] if comp is not None else None)
+    adapter = load_adapter(rs.centralized_adapter, rs.centralized_adapter_kwargs)
+    roles, wrap = joint_prompt_parts(rs, ctx.roles, comp.tokenizers[idx] if comp is not None else None)
     api = None
     if comp is None:
         client = _api(ctx)
@@ -146,7 +148,8 @@ def round_pairs(ctx: RunContext, r: int, target_rows, target_scores, comp_rows, 
                 tokenizers) -> tuple[list[dict], list[tuple[int, int]]]:
     """This round's shard: index-aligned target-vs-comparator pairs (schema `pairs`), and the selected
     (item, candidate index) of every pair. Comparator completions from other models are re-tokenized."""
-    t = ctx.cfg.trainer
+    rs = ctx.settings.round
+    t = rs.trainer
     tr, cr = _reward_lists(target_scores), _reward_lists(comp_scores)
     trow = {(x["item_id"], x["agent"], x["sample"]): x for x in target_rows}
     crow = {(x["item_id"], x["agent"], x["sample"]): x for x in comp_rows}
@@ -154,7 +157,7 @@ def round_pairs(ctx: RunContext, r: int, target_rows, target_scores, comp_rows, 
     for item_id in sorted(tr):
         everything = tr[item_id] + cr[item_id]
         mean = sum(everything) / len(everything)
-        rng = random.Random(derive_seed(ctx.cfg.seed, "round-pairs", r, item_id))
+        rng = random.Random(derive_seed(rs.seed, "round-pairs", r, item_id))
         for idx, target_wins in aligned_comparisons(tr[item_id], cr[item_id], t.pair_selection,
                                                     t.preference_pairs_per_sample, rng):
             selected.append((item_id, idx))
@@ -179,7 +182,8 @@ def run_round(ctx: RunContext, r: int, show_progress: bool = False) -> dict:
     warnings (`cached` when the round was already stored)."""
     from coopflow.stages.update.dpo import dpo_update
 
-    store, cfg, t = ctx.store, ctx.cfg, ctx.cfg.trainer
+    store, rs = ctx.store, ctx.settings.round
+    t = rs.trainer
     keys = round_keys(ctx)
     key = keys[r - 1]
     found = [store.find(k, key) for k in ("checkpoint", "metrics", "pairs")]
@@ -192,15 +196,15 @@ def run_round(ctx: RunContext, r: int, show_progress: bool = False) -> dict:
     # environment_steps_per_pair per trained pair, MARLHF-iter the joint actions its RL phase scored
     env = CheckpointLayout(store.open_dir(prev)).trainer_state().get("env_step", 0) if prev is not None else 0
     pol = _round_start(ctx, prev, keys[r - 2] if r > 1 else ctx.plan.start_key)
-    fmts = formatters_for(ctx, pol)
+    fmts = formatters_for(ctx, pol, rs)
     ids = [it["_item_id"] for it in ctx.train_items]
     by_id = {it["_item_id"]: it for it in ctx.train_items}
     prompts = [[f(it) for it in ctx.train_items] for f in fmts]
     P = t.preference_num_candidates
     try:
         # --- generate -> compare
-        target_rows = generate_rollouts(pol, prompts, ids, _sampling(ctx, P), derive_seed(cfg.seed, "target", r), 0)
-        Pc, cseed = t.comparator_num_candidates or P, derive_seed(cfg.seed, "comparator", r)  # an independent stream
+        target_rows = generate_rollouts(pol, prompts, ids, _sampling(ctx, P), derive_seed(rs.seed, "target", r), 0)
+        Pc, cseed = t.comparator_num_candidates or P, derive_seed(rs.seed, "comparator", r)  # an independent stream
         # a coordinator writes every role (decentralized agents; a centralized run's comparator is its one model)
         coordinated = ctx.adapter is None and t.comparator_generation_mode != "decentralized"
         if t.comparator_policy == "api":
@@ -229,18 +233,18 @@ def run_round(ctx: RunContext, r: int, show_progress: bool = False) -> dict:
             shards.append(_group(rows))
         shards.append(_group(shard_rows))
         train = sample_replay(shards, t.preference_replay_mode, t.preference_replay_k, t.preference_replay_lambda,
-                              t.preference_replay_sample_size, random.Random(derive_seed(cfg.seed, "replay", r)))
+                              t.preference_replay_sample_size, random.Random(derive_seed(rs.seed, "replay", r)))
         metrics = {"iter/current_iteration": float(r), "iter/current_preference_pairs": float(len(shards[-1])),
                    "iter/total_preference_pairs": float(sum(len(s) for s in shards)),
                    "iter/train_preference_pairs": float(len(train))}
         rl_metrics: list[ArtifactRef] = []
-        if cfg.algorithm == "marlhf-iter":  # --- a fresh reward model on the training pairs, then RL on it
+        if rs.algorithm == "marlhf-iter":  # --- a fresh reward model on the training pairs, then RL on it
             pol, m, rl_metrics, rl_warnings, rl_env = _rlhf_phase(ctx, r, keys, prev, pol, train, show_progress)
             env += rl_env
             metrics.update(m)
             warnings += [w for w in rl_warnings if w not in warnings]
         else:  # --- DPO on the training pairs
-            rng = random.Random(derive_seed(cfg.seed, "dpo-shuffle", r))
+            rng = random.Random(derive_seed(rs.seed, "dpo-shuffle", r))
             for _ in range(t.num_train_epochs if train else 0):
                 rng.shuffle(train)
                 for b in range(0, len(train), t.batch_size):
@@ -251,7 +255,7 @@ def run_round(ctx: RunContext, r: int, show_progress: bool = False) -> dict:
                     ctx.session.calls["update"] += 1
             if train:
                 metrics.update({k: v for k, v in m.items() if not k.startswith("agent_")})
-        reward_range = processed_range(ctx.caller.fn, cfg.reward.reward_range, ctx.processor)
+        reward_range = processed_range(ctx.caller.fn, rs.reward.reward_range, ctx.processor)
         drift = None
         if t.log_reward_distribution:
             if reward_range is None:
@@ -266,12 +270,12 @@ def run_round(ctx: RunContext, r: int, show_progress: bool = False) -> dict:
         ctx.session.live.clear()
         raise
     # --- evaluate (task reward) and checkpoint this round
-    _, ev = evaluate(pol, ctx.eval_items_used(), fmts, ctx.sampling, ctx.caller, ctx.processor,
-                     derive_seed(cfg.seed, "round-eval", r), ctx.episode, ctx.eval_hooks,
-                     samples=ctx.cfg.trainer.eval_samples_per_item)
+    _, ev = evaluate(pol, ctx.eval_items_used(), fmts, _sampling(ctx, t.num_generations), ctx.caller, ctx.processor,
+                     derive_seed(rs.seed, "round-eval", r), ctx.episode, ctx.eval_hooks,
+                     samples=t.eval_samples_per_item)
     ctx.session.calls["evaluate"] += 1
     metrics.update(ev)
-    state = {"round": r, "env_step": env, "algorithm": cfg.algorithm}
+    state = {"round": r, "env_step": env, "algorithm": rs.algorithm}
     pol.state = state
     ckpt = store.put_dir("checkpoint", key, lambda d: save_checkpoint(pol, d, state))
     ctx.session.live.put(key, pol)
@@ -283,13 +287,13 @@ def run_round(ctx: RunContext, r: int, show_progress: bool = False) -> dict:
 def _round_start(ctx: RunContext, prev: ArtifactRef | None, start_key: str):
     """The policies a round starts from. MARLHF-iter rounds keep weights only: its RL phase builds fresh
     optimizers (and critics) each round, so a checkpoint's optimizer state is not carried over."""
-    if ctx.cfg.algorithm != "marlhf-iter" or prev is None:
-        return acquire_policies(ctx, prev, start_key)
+    if ctx.algorithm != "marlhf-iter" or prev is None:
+        return acquire_policies(ctx, prev, start_key, ctx.settings.round)
     pol = ctx.session.live.take(start_key)
     if pol is not None:
         return pol
     ctx.session.live.clear()
-    return open_checkpoint(ctx, prev, with_optimizers=False)
+    return open_checkpoint(ctx, prev, with_optimizers=False, settings=ctx.settings.round)
 
 
 # --- MARLHF-iter: reward model per round ---------------------------------------------------------
@@ -301,7 +305,7 @@ def _scoring_reward(ctx: RunContext, r: int, keys: list[str]):
     from coopflow.stages.score.rewards import RewardCaller, resolve_processor
     from coopflow.stages.loops.preference import load_rm_reward
 
-    if ctx.cfg.trainer.preference_scoring_reward != "reward_model" or r == 1:
+    if ctx.settings.round.trainer.preference_scoring_reward != "reward_model" or r == 1:
         return ctx.caller, ctx.processor, []  # round 1 has no reward model yet: the task reward
     ref = ctx.store.find("reward_model", rm_round_key(keys[r - 2]))
     if ref is None:
@@ -385,7 +389,7 @@ def export_round(ctx: RunContext, r: int, res: dict) -> None:
 
     from coopflow.artifacts.export import export_json, export_tree
 
-    t = ctx.cfg.trainer
+    t = ctx.settings.execution.trainer  # (copies outside the store)
     shard_file = Path(t.preference_replay_dir) / f"iteration_{r:04d}.json" if t.preference_replay_dir else None
     if shard_file is not None and not shard_file.exists():
         pairs: dict[int, dict] = {}

@@ -25,7 +25,6 @@ from coopflow.stages.evaluate.evaluate import eval_metrics, evaluate, hook_metri
 from coopflow.stages.fit.critic import fit_critic, predict_values
 from coopflow.stages.loops import actor_critic as AC
 from coopflow.stages.planning.context import RunContext, formatters_for
-from coopflow.stages.planning.plan import is_actor_critic
 from coopflow.stages.planning.keys import critic_refit_key, eval_key, scores_key
 from coopflow.stages.loops.segment import (SegmentResult, acquire_policies, node_means, peek_policies, score_or_load,
                                   train_segment)
@@ -85,7 +84,7 @@ def run_segments(ctx: RunContext, run_segment: SegmentRunner | None = None,
 
     run_segment = run_segment or default
     ctx.session.rebuild |= segments_to_rebuild(ctx)
-    keep = ctx.cfg.checkpoint_optimizer
+    keep = ctx.settings.execution.checkpoint_optimizer
     out, ckpt, key = TrainResult(), None, ctx.plan.start_key
     for i, end in enumerate(ctx.end_keys):
         res = run_segment(ctx, i, ckpt, key)
@@ -174,8 +173,9 @@ def segment_keys_of(store: ArtifactStore, run_key: str) -> list[str]:
 def refit_critic(ctx: RunContext, ckpt: ArtifactRef, steps_refs: list[ArtifactRef]) -> tuple[ArtifactRef, dict]:
     """Re-fit the trained critic(s) of `ckpt` on the run's stored samples (rollouts + ac_samples), no
     generation: a `critic` artifact (agent_i/ for IAC, critic/ for MAAC) and the value loss before/after."""
-    cfg, t, store = ctx.cfg, ctx.cfg.trainer, ctx.store
-    if not is_actor_critic(cfg) or (cfg.algorithm == "iac" and not t.use_separate_critic):
+    cs, store = ctx.settings.critic, ctx.store  # the re-fit's settings: its key holds the policy chain's and its own
+    t = cs.trainer
+    if not ctx.settings.actor_critic or (cs.algorithm == "iac" and not t.use_separate_critic):
         raise ValueError("the 'critic' stage re-fits separate critics: it needs train-iac with use_separate_critic "
                          "(a shared value head trains with its actor) or train-maac")
     samples, ac_keys = [], []
@@ -186,16 +186,16 @@ def refit_critic(ctx: RunContext, ckpt: ArtifactRef, steps_refs: list[ArtifactRe
                 raise ArtifactError(f"stored samples of update {step['update']} not found; cannot re-fit the critic")
             samples += AC.join_samples(ctx, store.read_rows(rows), store.read_rows(ac))
             ac_keys.append(step["signal"])
-    c = cfg.critic
+    c = cs.critic
     lr = c.refit_learning_rate or t.critic_lr
     key = critic_refit_key(ctx, policy_key_of(ckpt.key), ac_keys)
     lay = CheckpointLayout(store.open_dir(ckpt))
-    if cfg.algorithm == "maac":
+    if cs.algorithm == "maac":
         jobs = [("critic", lay.central_critic, samples)]
     else:  # the re-fit artifact holds agent_i/ per agent (each that agent's critic)
         jobs = [(lay.agent(i).name, lay.agent_critic(i), [s for s in samples if s["agent"] == i])
                 for i in range(ctx.n)]
-    a = cfg.agents
+    a = cs.agents
     crits = [(name, load_critic(src, lr, None, a.dtype, a.attn_implementation, a.device), mine)
              for name, src, mine in jobs]
 
@@ -207,7 +207,7 @@ def refit_critic(ctx: RunContext, ckpt: ArtifactRef, steps_refs: list[ArtifactRe
     found = store.find("critic", key)
     if found is None:
         for _, crit, mine in crits:
-            fit_critic(crit, mine, t.critic_type, t.batch_size, c.refit_epochs, 1.0, cfg.seed)
+            fit_critic(crit, mine, t.critic_type, t.batch_size, c.refit_epochs, 1.0, cs.seed)
         found = store.put_dir("critic", key, lambda d: [save_critic(crit, d / name) for name, crit, _ in crits])
         ctx.session.calls["fit_critic"] += 1
     else:
@@ -233,7 +233,7 @@ def rescore(ctx: RunContext, steps_refs: list[ArtifactRef]) -> list[dict]:
                 raise ArtifactError(f"stored rollouts of update {step['update']} ({step['rollouts']}) not found; "
                                     "cannot re-score")
             rows = store.read_rows(found)
-            base = step["env_step"] - len({(r["turn"], r["node_id"]) for r in rows}) * ctx.joint_actions_per_node()
+            base = step["env_step"] - len({(r["turn"], r["node_id"]) for r in rows}) * ctx.joint_actions_per_node
             _, scores = score_or_load(ctx, rows, by_id, scores_key(ctx, step["rollouts"], base), base)
             means = node_means(scores)
             out.append({"key": "rescore/turn_1/reward_mean", "value": sum(means) / len(means),
@@ -294,8 +294,9 @@ def _evaluate(ctx: RunContext, policy_key: str, policies) -> tuple[ArtifactRef, 
         return found, metrics
     pol = policies()
     ecaller, eproc, _ = ctx.eval_reward()
-    rows, metrics = evaluate(pol, items, formatters_for(ctx, pol), ctx.sampling, ecaller, eproc,
-                             derive_seed(ctx.cfg.seed, "final-eval"), ctx.episode, ctx.eval_hooks,
-                             samples=ctx.cfg.trainer.eval_samples_per_item)
+    s = ctx.settings.eval
+    rows, metrics = evaluate(pol, items, formatters_for(ctx, pol, s), ctx.eval_sampling, ecaller, eproc,
+                             derive_seed(s.seed, "final-eval"), ctx.episode, ctx.eval_hooks,
+                             samples=s.trainer.eval_samples_per_item)
     ctx.session.calls["evaluate"] += 1
     return ctx.store.put_table("eval", key, rows), metrics

@@ -32,7 +32,7 @@ from coopflow.stages.common.user_code import load_callable
 from coopflow.stages.evaluate.evaluate import evaluate
 from coopflow.stages.loops import actor_critic as AC
 from coopflow.stages.planning.context import RunContext, formatters_for
-from coopflow.stages.planning.plan import Update, is_actor_critic
+from coopflow.stages.planning.plan import Update
 from coopflow.stages.planning.keys import UpdateKeys, scores_key, update_keys
 from coopflow.stages.rollout.tree import generate_tree
 from coopflow.stages.score.advantages import (advantage_stats, agent_reward, compute_advantages, joint_returns,
@@ -56,62 +56,65 @@ def score_or_load(ctx: RunContext, rows: list[dict], by_id: dict[int, dict], key
 
 
 def _open_policies(ctx: RunContext, sources: list, optimizer_files: list | None, state: dict,
-                   checkpoint: CheckpointLayout | None = None):
+                   checkpoint: CheckpointLayout | None = None, settings=None):
     """In-process Policies, one worker process per agent ('mp') or one Ray actor per agent ('ray').
 
-    `checkpoint`: the checkpoint the sources come from (its critics and optimizer states are loaded too).
+    `checkpoint`: the checkpoint the sources come from (its critics and optimizer states are loaded too);
+    `settings`: the settings of the stage that trains them (default: online RL's policy update).
     """
-    a, t = ctx.cfg.agents, ctx.cfg.trainer
-    devices = agent_devices(t.agent_devices, ctx.n, a.device)
-    if t.parallel_training == "ray" and t.agent_devices is None:  # an actor that reserves a GPU uses it (Ray sets its
-        gpus = ctx.cfg.ray.per_agent("num_gpus_per_agent", ctx.n)  # CUDA_VISIBLE_DEVICES)
+    s, ex = settings or ctx.settings.policy, ctx.settings.execution  # the policies' settings; where they run
+    a, t, xt = s.agents, s.trainer, ex.trainer
+    devices = agent_devices(xt.agent_devices, ctx.n, a.device)
+    if xt.parallel_training == "ray" and xt.agent_devices is None:  # an actor that reserves a GPU uses it (Ray sets
+        gpus = ex.ray.per_agent("num_gpus_per_agent", ctx.n)  # its CUDA_VISIBLE_DEVICES)
         devices = ["cuda" if g > 0 else d for g, d in zip(gpus, devices)]
     # The frozen references are always the *initial* agent sources (also when resuming a checkpoint).
-    refs = list(ctx.sources) if t.reference_kl_enabled else None
-    rdev = agent_devices(t.reference_devices, ctx.n, devices[0]) if t.reference_devices else devices
+    refs = list(ctx.sources) if t.held("reference_kl_enabled", False) else None
+    rdev = agent_devices(xt.reference_devices, ctx.n, devices[0]) if xt.reference_devices else devices
     specs = [s.with_(reference_device=rdev[i]) for i, s in enumerate(
         specs_for(sources, t.agent_learning_rate, a.dtype, a.attn_implementation, devices, optimizer_files, refs))]
     critics = ctx.critic_paths
-    if checkpoint is not None and ctx.cfg.algorithm == "iac" and critics:
+    if checkpoint is not None and s.algorithm == "iac" and critics:
         critics = [str(checkpoint.agent_critic(i)) for i in range(ctx.n)]
-    specs = AC.agent_specs(ctx.cfg, specs, critics, checkpoint)
+    specs = AC.agent_specs(s, ex, specs, critics, checkpoint)
     if a.lora is not None:  # agent i: adapter i on the base (in-process: one shared copy; workers/actors: their own)
         from coopflow.stages.agents.lora import load_lora_policies, lora_specs
 
-        specs = lora_specs(specs, ctx.sources[0], a.lora, ctx.cfg.seed)
-    if a.lora is not None and t.parallel_training == "none":
+        specs = lora_specs(specs, ctx.sources[0], a.lora, s.seed)
+    if a.lora is not None and xt.parallel_training == "none":
         pol = load_lora_policies(specs)
-    elif t.parallel_training == "mp":
+    elif xt.parallel_training == "mp":
         pol = WorkerPolicies(specs)
-    elif t.parallel_training == "ray":
+    elif xt.parallel_training == "ray":
         from coopflow.stages.agents.ray_actors import RayPolicies
 
-        pol = RayPolicies(specs, ctx.cfg.ray)
+        pol = RayPolicies(specs, ex.ray)
     else:
         pol = load_policies(specs)
     pol.run(set_compute_dtype, [(ctx.sampling.compute_dtype,)] * pol.n)
-    if ctx.cfg.algorithm == "maac":
+    if s.algorithm == "maac":
         src = str(checkpoint.central_critic) if checkpoint is not None else ctx.critic_paths[0]
-        cdev = agent_devices(t.critic_devices, 1, devices[0])[0]
+        cdev = agent_devices(xt.critic_devices, 1, devices[0])[0]
         pol.critic = load_critic(src, t.critic_lr, t.critic_value_head_hidden_dim, a.dtype, a.attn_implementation, cdev,
                                  checkpoint.central_critic_optimizer if checkpoint is not None else None,
-                                 pol.tokenizers[0], derive_seed(ctx.cfg.seed, "central_critic_head"))
+                                 pol.tokenizers[0], derive_seed(s.seed, "central_critic_head"))
     pol.state = state
     return pol
 
 
-def open_checkpoint(ctx: RunContext, ckpt: ArtifactRef, with_optimizers: bool = True):
+def open_checkpoint(ctx: RunContext, ckpt: ArtifactRef, with_optimizers: bool = True, settings=None):
     """Load the policies of a stored checkpoint (its optimizer states unless `with_optimizers` is False or the
-    checkpoint is weights-only)."""
+    checkpoint is weights-only); `settings` as in `_open_policies`."""
     lay = CheckpointLayout(ctx.store.open_dir(ckpt))
     with_optimizers = with_optimizers and not is_weights_only(ckpt)
     dirs, opts, state = lay.sources(ctx.n)
     return _open_policies(ctx, [str(d) for d in dirs], opts if with_optimizers else None, state,
-                          lay if with_optimizers else None)
+                          lay if with_optimizers else None, settings)
 
 
-def acquire_policies(ctx: RunContext, start: ArtifactRef | None, start_key: str):
-    """Live policies for a segment start: in-memory when possible, else the checkpoint, else the sources.
+def acquire_policies(ctx: RunContext, start: ArtifactRef | None, start_key: str, settings=None):
+    """Live policies for a segment start: in-memory when possible, else the checkpoint, else the sources;
+    `settings` as in `_open_policies`.
     (`run_segments` never starts a segment that trains from a weights-only checkpoint: it rebuilds the full one.)"""
     pol = ctx.session.live.take(policy_key_of(start_key))
     if pol is not None:
@@ -124,8 +127,9 @@ def acquire_policies(ctx: RunContext, start: ArtifactRef | None, start_key: str)
         pol.run(set_compute_dtype, [(ctx.sampling.compute_dtype,)] * pol.n)
         return pol
     if start is None:
-        return _open_policies(ctx, ctx.sources, None, {"update": 0, "env_step": 0, "last_logged": None})
-    return open_checkpoint(ctx, start)
+        return _open_policies(ctx, ctx.sources, None, {"update": 0, "env_step": 0, "last_logged": None},
+                              settings=settings)
+    return open_checkpoint(ctx, start, settings=settings)
 
 
 def peek_policies(ctx: RunContext, ckpt: ArtifactRef):
@@ -175,20 +179,21 @@ def turn_metrics(scores: list[dict], rollouts: list[dict], returns: dict[tuple, 
 
 def domain_metrics(ctx: RunContext, rows: list[dict], scores: list[dict]) -> dict[str, float]:
     """The user's metrics_callback over this update's samples (empty without one)."""
-    if not ctx.cfg.metrics_callback:
+    s = ctx.settings.metrics
+    if not s.metrics_callback:
         return {}
-    fn = load_callable(ctx.cfg.metrics_callback, "metrics_callback")
+    fn = load_callable(s.metrics_callback, "metrics_callback")
     joint = {(s["step"], s["turn"], s["node_id"], s["joint_idx"]): s for s in scores}
     items = {it["_item_id"]: it for it in ctx.train_items}
     samples = []
     for r in rows:
-        s = joint.get((r["step"], r["turn"], r["node_id"], r["sample"]))
-        if s is None:
+        sc = joint.get((r["step"], r["turn"], r["node_id"], r["sample"]))
+        if sc is None:
             reward = None
-        elif is_actor_critic(ctx.cfg):  # its per-agent rewards (or, without them, the shared one)
-            reward = s["agent_rewards"][r["agent"]] if s["agent_rewards"] else s["reward"]
+        elif ctx.settings.actor_critic:  # its per-agent rewards (or, without them, the shared one)
+            reward = sc["agent_rewards"][r["agent"]] if sc["agent_rewards"] else sc["reward"]
         else:  # the agent's share of the team reward plus its local reward
-            reward = agent_reward(s, r["agent"], ctx.cfg.trainer.team_reward_weight)
+            reward = agent_reward(sc, r["agent"], s.trainer.team_reward_weight)
         sample = {k: r[k] for k in ("item_id", "turn", "agent", "sample", "prompt", "completion_text")}
         sample["reward"] = reward
         if ctx.adapter is None:
@@ -199,7 +204,7 @@ def domain_metrics(ctx: RunContext, rows: list[dict], scores: list[dict]) -> dic
         samples += [{**sample, "agent": i, "completion_text": text} for i, text in enumerate(roles)]
     out = fn(samples)
     if not isinstance(out, dict):
-        raise TypeError(f"metrics_callback {ctx.cfg.metrics_callback!r} must return a dict of floats, got "
+        raise TypeError(f"metrics_callback {s.metrics_callback!r} must return a dict of floats, got "
                         f"{type(out).__name__}")
     return {str(k): float(v) for k, v in out.items()}
 
@@ -219,7 +224,7 @@ def last_logged_step(ctx: RunContext, seg_index: int) -> int | None:
     for i in range(seg_index):
         ref = ctx.store.find("steps", ctx.plan.steps_keys[i])
         for row in ctx.store.read_rows(ref) if ref is not None else []:
-            if last is None or row["env_step"] - last >= ctx.cfg.trainer.logging_steps:
+            if last is None or row["env_step"] - last >= ctx.settings.metrics.trainer.logging_steps:
                 last = row["env_step"]
     return last
 
@@ -234,7 +239,8 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     """
     from tqdm.auto import tqdm
 
-    store, cfg, t = ctx.store, ctx.cfg, ctx.cfg.trainer
+    store = ctx.store
+    roll, mt = ctx.settings.rollouts, ctx.settings.metrics.trainer  # what the rollouts and the metric rows read
     seg = ctx.plan.segments[seg_index]
     ends = ctx.end_keys
     end_key = ends[seg_index]
@@ -256,7 +262,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     epoch_acc: dict = {}
     lines = ExitStack()  # while the bar is drawn, log lines (Prefect's too) go through tqdm.write
     lines.enter_context(bar_safe_logging(show_progress))
-    bar = tqdm(seg, desc=f"{cfg.algorithm} segment {seg_index + 1}/{len(ctx.plan.segments)}", unit="update",
+    bar = tqdm(seg, desc=f"{ctx.algorithm} segment {seg_index + 1}/{len(ctx.plan.segments)}", unit="update",
                disable=not show_progress, leave=False)
     try:
         for u in bar:
@@ -265,12 +271,12 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
             by_id = {it["_item_id"]: it for it in items}
             base = state.get("env_step", 0)  # env_step before this update (run-time count)
             # --- periodic evaluation (before the update whose items cross an eval_interval boundary)
-            if t.eval_interval and t.eval_num_samples and any(i % t.eval_interval == 0 for i in u.item_ids):
+            if mt.eval_interval and mt.eval_num_samples and any(i % mt.eval_interval == 0 for i in u.item_ids):
                 t0 = time.perf_counter()
                 ecaller, eproc, _ = ctx.eval_reward()
                 _, em = evaluate(pol, ctx.eval_items_used(), fmts, ctx.sampling, ecaller,
-                                 eproc, derive_seed(cfg.seed, "eval", u.index), ctx.episode, ctx.eval_hooks,
-                                 samples=ctx.cfg.trainer.eval_samples_per_item)
+                                 eproc, derive_seed(roll.seed, "eval", u.index), ctx.episode, ctx.eval_hooks,
+                                 samples=mt.eval_samples_per_item)
                 ctx.session.calls["evaluate"] += 1
                 timing["eval_s"] += time.perf_counter() - t0
                 metric_rows += [{"key": k, "value": v, "env_step": base} for k, v in em.items()]
@@ -281,7 +287,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
             if ref is None:
                 r0 = ctx.caller.seconds
                 rows, scores = generate_tree(pol, items, fmts, ctx.sampling, ctx.episode, ctx.caller, ctx.processor,
-                                             cfg.seed, u.index, base)
+                                             roll.seed, u.index, base)
                 reward_dt = ctx.caller.seconds - r0  # each depth is scored inside the tree
                 timing["score_s"] += reward_dt
                 timing["reward_s"] += reward_dt
@@ -299,7 +305,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
                 sref, scores = score_or_load(ctx, rows, by_id, sk, base)
                 timing["reward_s"] += ctx.caller.seconds - r0
             # --- advantages + update: the algorithm's strategy (critic-free baseline or actor-critic)
-            step_fn = _actor_critic_update if is_actor_critic(cfg) else _baseline_update
+            step_fn = _actor_critic_update if ctx.settings.actor_critic else _baseline_update
             aref, per_turn, um = step_fn(ctx, pol, rows, scores, keys, u, timing, t0)
             per_turn.update(domain_metrics(ctx, rows, scores))
             if ctx.adapter is not None:  # joint completions the adapter could not split (their roles were all "")
@@ -312,11 +318,11 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
             reward_mean = sum(means) / len(means)
             env_step = scores[-1]["env_step"]
             last = state.get("last_logged")
-            if last is None or env_step - last >= t.logging_steps:
+            if last is None or env_step - last >= mt.logging_steps:
                 state["last_logged"] = env_step
                 metric_rows += [{"key": k, "value": v, "env_step": env_step} for k, v in per_turn.items()]
                 metric_rows += [{"key": k, "value": v, "env_step": env_step} for k, v in um.items()]
-            if cfg.algorithm == "maac":
+            if ctx.algorithm == "maac":
                 metric_rows += _epoch_metrics(ctx, u, per_turn, epoch_acc, env_step)
             steps_rows.append({"update": u.index, "epoch": u.epoch, "env_step": env_step, "rollouts": ref.key,
                                "scores": sref.key, "signal": aref.key, "signal_kind": aref.kind,
@@ -361,7 +367,8 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
 def _baseline_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict], keys: UpdateKeys, u: Update,
                      timing: Counter, t0: float):
     """MAGRPO family: tree returns and group-baseline advantages (stored, or computed), then the update."""
-    t, cfg = ctx.cfg.trainer, ctx.cfg
+    adv_s, pol_s, mt = ctx.settings.advantages, ctx.settings.policy, ctx.settings.metrics.trainer
+    t = adv_s.trainer
     # greedy trees (AT-GRPO): each candidate is judged by its own turn's reward (only the best one continues)
     children = tree_children(rows) if ctx.episode.expansion == "all" else None
     aref = ctx.store.find("advantages", keys.advantages)
@@ -369,7 +376,7 @@ def _baseline_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict],
         node_item = {(r["step"], r["turn"], r["node_id"]): r["item_id"] for r in rows}
         kls = ({(r["step"], r["turn"], r["node_id"], r["agent"], r["sample"]): r["ref_kl"] for r in rows}
                if t.reference_kl_enabled else None)
-        adv = compute_advantages(scores, node_item, ctx.n, t.num_generations, t.joint_mode, cfg.advantage_mode,
+        adv = compute_advantages(scores, node_item, ctx.n, t.num_generations, t.joint_mode, adv_s.advantage_mode,
                                  t.advantage_normalization, kls, t.reference_kl_coef, children, t.discount,
                                  t.advantage_normalization_scope, t.team_reward_weight)
         aref = ctx.store.put_table("advantages", keys.advantages, adv)
@@ -379,21 +386,23 @@ def _baseline_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict],
     timing["score_s"] += time.perf_counter() - t0
     t1 = time.perf_counter()
     # centralized: the joint sequence log-prob (every joint token up to and including EOS), never the padded loss
-    um = update_policies(pol, rows, adv, t.batch_size, cfg.seed, u.index, t.loss_on_padding and ctx.adapter is None,
-                         t.loss_chunk_tokens, Objective(t.num_policy_epochs, t.clip_range, t.ratio_level))
+    pt = pol_s.trainer
+    um = update_policies(pol, rows, adv, pt.batch_size, pol_s.seed, u.index,
+                         pt.loss_on_padding and ctx.adapter is None, pt.loss_chunk_tokens,
+                         Objective(pt.num_policy_epochs, pt.clip_range, pt.ratio_level))
     um.update(advantage_stats(adv, ctx.n))
     um.update(local_reward_means(scores, ctx.n))
     ctx.session.calls["update"] += 1
     timing["update_s"] += time.perf_counter() - t1
-    per_turn = turn_metrics(scores, rows, joint_returns(scores, children, t.discount),
-                            t.reference_kl_coef if t.reference_kl_enabled else None)
+    per_turn = turn_metrics(scores, rows, joint_returns(scores, children, mt.discount),
+                            mt.reference_kl_coef if mt.reference_kl_enabled else None)
     return aref, per_turn, um
 
 
 def _actor_critic_update(ctx: RunContext, pol, rows: list[dict], scores: list[dict], keys: UpdateKeys, u: Update,
                         timing: Counter, t0: float):
     """IAC/MAAC: ac_samples (stored, or computed from the critics' old values) then the updates."""
-    t = ctx.cfg.trainer
+    mt = ctx.settings.metrics.trainer
     aref = ctx.store.find("ac_samples", keys.advantages)
     if aref is None:
         samples = AC.build_samples(ctx, pol, rows, scores)
@@ -404,10 +413,10 @@ def _actor_critic_update(ctx: RunContext, pol, rows: list[dict], scores: list[di
         samples = AC.join_samples(ctx, rows, ctx.store.read_rows(aref))
     timing["score_s"] += time.perf_counter() - t0
     t1 = time.perf_counter()
-    um = AC.update(ctx, pol, samples, ctx.cfg.seed, u.index)
+    um = AC.update(ctx, pol, samples, ctx.settings.policy.seed, u.index)
     ctx.session.calls["update"] += 1
     timing["update_s"] += time.perf_counter() - t1
-    per_turn = AC.turn_metrics(samples, um, t.reference_kl_coef if t.reference_kl_enabled else None)
+    per_turn = AC.turn_metrics(samples, um, mt.reference_kl_coef if mt.reference_kl_enabled else None)
     return aref, per_turn, um
 
 

@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coopflow.artifacts import ArtifactRef, ArtifactStore, key_for
-from coopflow.schemas.config import FormatterConfig, RunConfig, is_local_model_path, missing_model_dir_message
+from coopflow.schemas.config import (FormatterConfig, RunConfig, is_local_model_path, missing_model_dir_message,
+                                     rl_trainer_fields, validate_config)
 from coopflow.stages.agents.catalog import install, is_catalog_name
 from coopflow.stages.agents.decode import resolve_compute_dtype
 from coopflow.stages.agents.models import build_tiny_model
 from coopflow.stages.planning import budget
-from coopflow.stages.planning.keys import segment_end_keys, segment_record_keys, start_key
+from coopflow.stages.planning.keys import declared_key, segment_end_keys, segment_record_keys, start_key
+from coopflow.stages.planning.settings import RunSettings
 from coopflow.stages.common.code_identity import planning
 from coopflow.stages.common.stage_code import CODE, kind_code
 from coopflow.stages.planning.plan import (RunPlan, is_actor_critic, plan_segments, plan_updates,
@@ -31,12 +33,12 @@ from coopflow.stages.planning.session import Session
 from coopflow.stages.rollout.generate import SamplingConfig
 from coopflow.stages.rollout.tree import Episode
 from coopflow.stages.score.executors import make_executor
-from coopflow.stages.score.rewards import RewardCaller, declared_range, resolve_processor, resolve_reward, reward_identity
+from coopflow.stages.score.rewards import RewardCaller, declared_range, resolve_processor, resolve_reward
 from coopflow.stages.score.scores import joint_combos
-from coopflow.stages.tasks.centralized import CentralizedReward, JointFormatter, RoleSplitLogger, adapter_identity, load_adapter
+from coopflow.stages.tasks.centralized import CentralizedReward, JointFormatter, RoleSplitLogger, load_adapter
 from coopflow.stages.tasks.formatters import build_formatter, chat_wrapper, role_formatter
 from coopflow.stages.tasks.taskset import eval_overlap, load_items
-from coopflow.stages.tasks.transitions import Transition, transition_identity
+from coopflow.stages.tasks.transitions import Transition
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,13 @@ class Reward:
 
 @dataclass(frozen=True, eq=False)
 class RunContext:
-    """Everything the stages of one run read, resolved once from the config (frozen; see module doc)."""
+    """Everything the stages of one run read, resolved once from the config (frozen; see module doc).
 
-    cfg: RunConfig
+    The stages see no config: each reads the settings its key holds through `settings.<kind>` (a view that
+    refuses any other field, see `stages.planning.settings`) and the objects resolved here from those settings.
+    """
+
+    settings: RunSettings
     store: ArtifactStore
     taskset: ArtifactRef
     train_items: list[dict]
@@ -63,31 +69,24 @@ class RunContext:
     sources: list[str]  # loadable agent sources (paths or hub ids)
     reward: Reward  # what training scores with (MARLHF's RL phase: the frozen reward model)
     task_reward: Reward  # what evaluations score with: always the task reward
-    sampling: SamplingConfig
+    sampling: SamplingConfig  # the rollouts' sampling (built from the rollouts settings)
+    eval_sampling: SamplingConfig  # the evaluations' sampling (built from the eval settings)
     episode: Episode
     plan: RunPlan
+    n: int  # trained policies: the N agents, or the one joint actor of centralized collaboration
+    roles: int  # roles of the task (= agents when decentralized)
+    eval_used: int = 0  # eval items the evaluations run on (the first eval_num_samples; 0 = all)
+    joint_actions_per_node: int = 1  # joint actions scored at one tree node
+    nodes_per_item: int = 1  # nodes of a full episode tree (no early termination)
     session: Session = field(default_factory=Session)
     critic_paths: list[str] | None = None  # actor-critic: resolved critic sources (IAC separate: one per agent)
-    transition_id: dict | None = None
     eval_hooks: tuple | None = None  # (eval_logger, eval_aggregator) from the config's import paths
     adapter: object | None = None  # centralized collaboration: the adapter between roles and the joint actor
 
     @property
-    def n(self) -> int:
-        """Trained policies: the N agents, or the one joint actor of centralized collaboration."""
-        return 1 if self.adapter is not None else self.cfg.agents.n
-
-    @property
-    def roles(self) -> int:
-        """Roles of the task (= agents when decentralized)."""
-        return self.cfg.agents.n
-
-    def formatter_ids(self) -> list:
-        """What the prompts depend on, for keys: every role's formatter (+ the adapter when centralized)."""
-        fmt = [self.cfg.formatter_for(i).model_dump() for i in range(self.roles)]
-        if self.adapter is not None:
-            fmt.append({"centralized": self.task_reward.identity.get("centralized")})
-        return fmt
+    def algorithm(self) -> str:
+        """The algorithm (a start input: every key holds it)."""
+        return self.settings.start.algorithm
 
     # the training reward's parts, as the stages take them
     @property
@@ -119,44 +118,35 @@ class RunContext:
 
     def eval_items_used(self) -> list[dict]:
         """The eval items evaluations run on (the first eval_num_samples; all when 0)."""
-        k = self.cfg.trainer.eval_num_samples
-        return self.eval_items[:k] if k else self.eval_items
-
-    def joint_actions_per_node(self) -> int:
-        t = self.cfg.trainer
-        return len(joint_combos(t.num_generations, self.n, t.joint_mode))
-
-    def nodes_per_item(self) -> int:
-        """Nodes of a full episode tree (no early termination): `budget.tree_size`'s count (sum over depths of
-        branch^t; one per turn when only the best joint action continues)."""
-        t = self.cfg.trainer
-        return budget.tree_size(t.num_generations, self.n, t.num_turns, t.joint_mode, self.episode.expansion)[1]
+        return self.eval_items[:self.eval_used] if self.eval_used else self.eval_items
 
     def joint_actions_per_item(self) -> int:
-        return self.nodes_per_item() * self.joint_actions_per_node()
+        return self.nodes_per_item * self.joint_actions_per_node
 
     def with_plan(self, **changes) -> "RunContext":
         """A copy with some plan fields replaced (e.g. another budget); the session is shared."""
         return dataclasses.replace(self, plan=dataclasses.replace(self.plan, **changes))
 
 
-def resolve_sources(cfg: RunConfig, store: ArtifactStore) -> tuple[list[str], dict]:
+def resolve_sources(cfg: RunConfig, store: ArtifactStore,
+                    settings: RunSettings | None = None) -> tuple[list[str], dict]:
     """Agent sources as loadable paths/ids, and their identity for keys ('tiny' is built into the store)."""
-    paths, ident = resolve_model_sources(cfg.actor_sources(), cfg, store, "agents")
+    settings = settings or RunSettings.of(cfg)
+    paths, ident = resolve_model_sources(cfg.actor_sources(), settings, store, "agents")
     # (the dtype, LoRA and compute settings enter the start key as its declared inputs; `auto` compute resolves
     # by device, so the resolved one is part of the identity)
     return paths, {"sources": ident, "compute_dtype": resolve_compute_dtype(cfg.agents.compute_dtype,
                                                                             cfg.agents.device)}
 
 
-def resolve_model_sources(sources: list[str], cfg: RunConfig, store: ArtifactStore,
+def resolve_model_sources(sources: list[str], settings: RunSettings, store: ArtifactStore,
                           what: str) -> tuple[list[str], list[dict]]:
     """Model sources ('tiny', catalog names, local dirs, hub ids) as loadable paths/ids plus their identities."""
     paths, ident = [], []
     for src in sources:
         if src == "tiny":
-            a = cfg.agents
-            key = key_for("model", {"tiny": [a.tiny_hidden_size, a.tiny_num_layers], "code": kind_code("model")})
+            a = settings.model.agents
+            key = declared_key("model", "model", settings, {})
             ref = store.put_dir("model", key, lambda d: build_tiny_model(d, a.tiny_hidden_size, a.tiny_num_layers))
             paths.append(str(store.open_dir(ref)))
             ident.append({"model": key})
@@ -194,16 +184,16 @@ def make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sou
 def _make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, sources: list[str] | None = None,
                   source_ident: dict | None = None, reward_override: tuple | None = None,
                   session: Session | None = None) -> RunContext:
+    settings = RunSettings.of(cfg)
     if sources is None:
-        sources, source_ident = resolve_sources(cfg, store)
+        sources, source_ident = resolve_sources(cfg, store, settings)
     t = cfg.trainer
     n = len(cfg.actor_sources())
     train = load_items(store, taskset, "train")
     evals = load_items(store, taskset, "eval")
     task = Reward(RewardCaller(resolve_reward(cfg.reward.name, cfg.reward.kwargs), cfg.agents.n, cfg.reward.timeout_s,
                                cfg.reward.retries),
-                  resolve_processor(cfg.reward.processor),
-                  reward_identity(cfg.reward.name, cfg.reward.kwargs, cfg.reward.processor))
+                  resolve_processor(cfg.reward.processor), {})
     session = session or Session()
     task.caller.executor = make_executor(cfg.reward.executor, cfg.reward.workers, cfg.reward.executor_address,
                                          cfg.ray)  # fan-out of the task reward's calls (None: serial)
@@ -213,16 +203,14 @@ def _make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, so
     if cfg.centralized:  # the joint actor's reward splits its completion into the roles the task reward scores
         adapter = load_adapter(cfg.centralized_adapter, cfg.centralized_adapter_kwargs)
         role0 = role_formatter(cfg.formatter_for(0))
-        task = Reward(RewardCaller(CentralizedReward(task.caller, adapter, role0), 1), task.processor,
-                      {**task.identity, "centralized": adapter_identity(cfg.centralized_adapter,
-                                                                        cfg.centralized_adapter_kwargs)})
+        task = Reward(RewardCaller(CentralizedReward(task.caller, adapter, role0), 1), task.processor, {})
     reward = (Reward(RewardCaller(reward_override[0], n), resolve_processor(None), reward_override[1])
               if reward_override else task)
-    ac = is_actor_critic(cfg)
+    ac = settings.actor_critic
     critic_paths, cident = None, None
     if ac and cfg.critic_sources():
-        critic_paths, cident = resolve_model_sources(cfg.critic_sources(), cfg, store, "critic")
-    multi = t.num_turns > 1 and cfg.transition is not None
+        critic_paths, cident = resolve_model_sources(cfg.critic_sources(), settings, store, "critic")
+    multi = settings.multi_turn
     joint_mode = t.joint_mode
     episode = Episode(t.num_turns if multi else 1, joint_mode,
                       Transition(cfg.transition.name, cfg.transition.kwargs) if multi else None,
@@ -235,16 +223,20 @@ def _make_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, so
         hooks = (load_callable(cfg.eval_logger, "eval_logger"), load_callable(cfg.eval_aggregator, "eval_aggregator"))
         if adapter is not None:  # the user's logger sees the N role outputs, as in a decentralized run
             hooks = (RoleSplitLogger(hooks[0], adapter, cfg.agents.n), hooks[1])
+    per_node = len(joint_combos(t.num_generations, n, joint_mode))
+    nodes = budget.tree_size(t.num_generations, n, t.num_turns, joint_mode, episode.expansion)[1]
     # the plan: updates and segments need the tree shape, which the context's helpers compute
-    ctx = RunContext(cfg=cfg, store=store, taskset=taskset, train_items=train, eval_items=evals, sources=sources,
-                     reward=reward, task_reward=task, sampling=SamplingConfig.of(cfg, t.num_generations),
-                     episode=episode, plan=RunPlan(start_key(cfg, source_ident, cident), (), (),
-                                                    budget.Budget(0, 0, 0, 0, 0, 0)),
-                     session=session or Session(), critic_paths=critic_paths,
-                     transition_id=transition_identity(cfg.transition.name, cfg.transition.kwargs) if multi else None,
-                     eval_hooks=hooks, adapter=adapter)
+    ctx = RunContext(settings=settings, store=store, taskset=taskset, train_items=train, eval_items=evals,
+                     sources=sources, reward=reward, task_reward=task,
+                     sampling=SamplingConfig.of(settings.rollouts, settings.execution, t.num_generations),
+                     eval_sampling=SamplingConfig.of(settings.eval, settings.execution, t.num_generations),
+                     episode=episode, plan=RunPlan(start_key(settings, source_ident, cident), (), (),
+                                                   budget.Budget(0, 0, 0, 0, 0, 0)),
+                     n=n, roles=cfg.agents.n, eval_used=t.eval_num_samples,
+                     joint_actions_per_node=per_node, nodes_per_item=nodes,
+                     session=session, critic_paths=critic_paths, eval_hooks=hooks, adapter=adapter)
     # MAGRPO's rollout_buffer_size counts tree nodes per agent; the actor-critic trainers count samples per agent.
-    units = ctx.nodes_per_item() * (t.num_generations if ac else 1)
+    units = ctx.nodes_per_item * (t.num_generations if ac else 1)
     updates = plan_updates(len(train), t.num_train_epochs, t.rollout_buffer_size, ctx.joint_actions_per_item(), units)
     est = budget.estimate(len(train), len(ctx.eval_items_used()) * t.eval_samples_per_item, n, t.num_generations, t.num_turns, joint_mode,
                           t.num_train_epochs, len(updates[0].item_ids) if updates else 1, ctx.episode.expansion)
@@ -282,18 +274,59 @@ def processed_range(fn, declared: tuple | None, processor) -> tuple[float, float
     return min(ends), max(ends)
 
 
-def formatters_for(ctx: RunContext, policies) -> list:
-    """Per-agent formatter functions (chat templates need the loaded tokenizers)."""
+def formatters_for(ctx: RunContext, policies, settings=None) -> list:
+    """Per-agent formatter functions (chat templates need the loaded tokenizers), from the formatters of `settings`
+    (the calling stage's settings; default: the rollouts')."""
+    settings = settings or ctx.settings.rollouts
     toks = policies.tokenizers if policies else [None] * ctx.n
     if ctx.adapter is not None:  # one joint prompt from the role prompts, in the actor's chat template if asked
-        return [JointFormatter(ctx.adapter, *joint_prompt_parts(ctx.cfg, ctx.roles, toks[0]))]
-    return [build_formatter(ctx.cfg.formatter_for(i), toks[i]) for i in range(ctx.n)]
+        return [JointFormatter(ctx.adapter, *joint_prompt_parts(settings, ctx.roles, toks[0]))]
+    return [build_formatter(settings.formatter_for(i), toks[i]) for i in range(ctx.n)]
 
 
-def joint_prompt_parts(cfg: RunConfig, roles: int, tokenizer) -> tuple[list, object]:
+def joint_prompt_parts(cfg, roles: int, tokenizer) -> tuple[list, object]:
     """What a centralized adapter folds into one prompt: each role's prompt as plain text (its system prompt above
     it), and the wrap around the joint prompt: the tokenizer's chat template when formatter 0 asks for one (None
     without a tokenizer)."""
     chat = cfg.formatter_for(0).chat_template and tokenizer is not None
     return ([role_formatter(cfg.formatter_for(i)) for i in range(roles)],
             chat_wrapper(FormatterConfig(chat_template=True), tokenizer) if chat else None)
+
+
+# --- preference learning: the candidate phase's budget, MARLHF's RL phase ----------------------------
+
+
+def preference_budget(ctx: RunContext) -> budget.Budget:
+    """Counts of the candidate phase (P sequences per agent per item; one generate per agent)."""
+    n, items = ctx.n, len(ctx.train_items)
+    P = ctx.settings.candidates.trainer.preference_num_candidates
+    n_eval = len(ctx.eval_items_used())
+    return budget.Budget(updates=0, generate_calls=n, sequences=items * P * n, joint_actions=items * P,
+                         reward_calls=items * P, eval_sequences=n_eval * n)
+
+
+def preference_context(cfg: RunConfig, store: ArtifactStore, taskset: ArtifactRef, session=None) -> RunContext:
+    """The run context of MADPO / MARLHF, its plan's budget counting the candidate phase."""
+    ctx = make_context(cfg, store, taskset, session=session)
+    est = preference_budget(ctx)
+    budget.check(est, cfg.max_sequences)
+    return ctx.with_plan(budget=est)
+
+
+def rl_config(cfg: RunConfig) -> RunConfig:
+    """The online RL run of a MARLHF config: its rl_algorithm's config, the shared trainer fields mapped over."""
+    t = cfg.trainer
+    data = cfg.model_dump(mode="json", exclude={"algorithm", "trainer"})
+    data["trainer"] = rl_trainer_fields(t, t.rl_algorithm)
+    if t.rl_algorithm == "maac" or (t.rl_algorithm == "iac" and t.use_separate_critic):
+        data["critic"] = {"critic_model": t.critic_model_name or cfg.agents.sources()[0]}
+    return validate_config(data, t.rl_algorithm)
+
+
+def rl_phase_context(ctx: RunContext, reward: tuple, sources: list[str] | None = None,
+                     source_ident: dict | None = None) -> RunContext:
+    """The context of MARLHF's RL phase (offline, or one iterative round's): the run's `rl_config`, training on
+    `reward` = (reward function, identity) while evaluations keep the task reward, from `sources` (default the
+    run's agents; `source_ident` names them in the keys). Shares the run's session."""
+    return make_context(rl_config(ctx.settings._config), ctx.store, ctx.taskset, sources, source_ident,
+                        reward_override=reward, session=ctx.session)

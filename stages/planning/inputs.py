@@ -33,12 +33,14 @@ INPUTS: dict[str, tuple[str, ...]] = {
     # the policies a run starts from (its first policy key): which weights, in which dtype, which critics
     # (the attention kernel and the device change the numbers computed, and a GPU samples other tokens than a CPU
     # for the same seed: they are inputs, unlike thread counts and worker placement)
-    "start": ("algorithm", "agents.agent_model", "agents.agents", "agents.num_agents", "agents.dtype",
+    "start": ("algorithm", "seed", "agents.agent_model", "agents.agents", "agents.num_agents", "agents.dtype",
               "agents.compute_dtype", "agents.attn_implementation", "agents.device", "agents.lora",
               "agents.tiny_hidden_size", "agents.tiny_num_layers",
               "trainer.collaboration_mode", "centralized_adapter", "centralized_adapter_kwargs",
               "critic.critic_model", "critic.critics", "trainer.use_separate_critic", "trainer.critic_type",
               "trainer.value_head_hidden_dim", "trainer.critic_value_head_hidden_dim", "cache_salt"),
+    # a tiny model built into the store (agent source 'tiny')
+    "model": ("agents.tiny_hidden_size", "agents.tiny_num_layers"),
     # the plan: which items each update trains on. Never hashed as such (no key function reads this entry): it
     # reaches the keys through each update's items and index, so a run continued with more epochs reuses the
     # shorter run's artifacts
@@ -64,7 +66,7 @@ INPUTS: dict[str, tuple[str, ...]] = {
                    "trainer.discount", "trainer.reference_kl_enabled", "trainer.reference_kl_coef",
                    "trainer.advantage_normalization"),
     # the policy after one update (its weights and optimizer state)
-    "policy": ("seed", "trainer.agent_learning_rate", "trainer.train_batch_size", "trainer.loss_on_padding",
+    "policy": ("seed", "trainer.agent_learning_rate", "trainer.train_batch_size", "trainer.rollout_buffer_size", "trainer.loss_on_padding",
                "trainer.num_policy_epochs", "trainer.clip_range", "trainer.ratio_level",
                "trainer.loss_chunk_tokens", "trainer.critic_learning_rate", "trainer.value_loss_coef",
                "trainer.value_clip_range"),
@@ -80,7 +82,7 @@ INPUTS: dict[str, tuple[str, ...]] = {
              "reward.name", "reward.kwargs", "reward.processor"),
     # the re-fitted critics (`stages=['critic']`)
     "critic": ("seed", "critic.refit_epochs", "critic.refit_learning_rate", "trainer.critic_learning_rate",
-               "trainer.train_batch_size"),
+               "trainer.train_batch_size", "trainer.rollout_buffer_size"),
     # the task items (built-in, file or dataset; the source's content digest joins them in the key)
     "taskset": ("taskset",),
     # MADPO / MARLHF: the candidates sampled from the start policies, their pairs, DPO, the reward model
@@ -104,7 +106,7 @@ INPUTS: dict[str, tuple[str, ...]] = {
     # (a path with a leading '-' is left out of a declared section: the round count is the plan of the rounds)
     "round": ("trainer", "-trainer.num_iterations", "seed", "formatters", "transition", "agents.generation_backend",
               "agents.prompt_overflow", "agents.compute_dtype", "eval_logger", "eval_aggregator", "metrics_callback",
-              "reward.name", "reward.kwargs", "reward.processor"),
+              "reward.name", "reward.kwargs", "reward.processor", "reward.reward_range"),
 }
 """Config fields each kind's key holds. Upstream keys and code/data identities are added by the key functions."""
 
@@ -134,7 +136,8 @@ NO_EFFECT: dict[str, str] = {
     "ray.object_store_mb": _EXECUTION,
     "reward.timeout_s": _LIMIT,
     "reward.retries": "a failed call is retried and the run fails if it keeps failing; a score is the same",
-    "reward.reward_range": "only warns when later turns are unreachable and checks processed values' range",
+    "reward.reward_range": "only warns when later turns are unreachable and checks processed values' range (an "
+                           "iterative round's reward-drift records use it: a round input there)",
     "max_sequences": _LIMIT,
     "check_disk": _LIMIT,
     "sandbox.require_isolation": _LIMIT,
@@ -226,7 +229,7 @@ def covers(declared: str, path: str) -> bool:
     return path == declared or path.startswith(declared + ".")
 
 
-def _left_out(kind: str) -> set[str]:
+def left_out_of(kind: str) -> set[str]:
     """Paths `INPUTS[kind]` leaves out of its declared sections ('-' entries)."""
     return {p[1:] for p in INPUTS[kind] if p.startswith("-")}
 
@@ -235,7 +238,7 @@ def kinds_of(path: str) -> list[str]:
     """The kinds whose declared inputs hold field `path` (directly or in a declared section it is not left out of)."""
     return [kind for kind, paths in INPUTS.items()
             if any(covers(p, path) for p in paths if not p.startswith("-"))
-            and not any(covers(p, path) for p in _left_out(kind))]
+            and not any(covers(p, path) for p in left_out_of(kind))]
 
 
 def declared_values(cfg: BaseModel, kind: str) -> dict[str, Any]:
@@ -243,7 +246,7 @@ def declared_values(cfg: BaseModel, kind: str) -> dict[str, Any]:
     one algorithm lacks another's fields); what goes into the kind's key besides its upstream keys. A declared
     section (`trainer`) holds its fields minus those in `NO_EFFECT`."""
     out = {}
-    left_out = _left_out(kind) | set(NO_EFFECT)
+    left_out = left_out_of(kind) | set(NO_EFFECT)
     for path in INPUTS[kind]:
         found, value = (False, None) if path.startswith("-") else _lookup(cfg, path)
         if found:

@@ -34,31 +34,25 @@ from typing import Any, Protocol
 
 from coopflow.artifacts import key_for
 from coopflow.stages.common.stage_code import kind_code
-from coopflow.stages.planning.inputs import declared_values
-from coopflow.stages.planning.plan import Update, is_actor_critic
-from coopflow.stages.rollout.generate import SamplingConfig
+from coopflow.stages.planning.plan import Update
 from coopflow.stages.tasks.taskset import items_digest
 
 
 class KeyContext(Protocol):
     """What the key functions read of a run's context (`coopflow.stages.planning.context.RunContext` is one):
-    the config, the items, the sampling and episode settings, and the identities derived from code and data."""
+    the declared settings, the items, the plan and the identities derived from code and data."""
 
-    cfg: Any
+    settings: Any  # stages.planning.settings.RunSettings
     train_items: list[dict]
-    sampling: Any
-    episode: Any
     plan: Any
     adapter: object | None
-    transition_id: dict | None
+    n: int
 
     @property
     def reward_id(self) -> dict: ...
 
     @property
     def end_keys(self) -> tuple[str, ...]: ...
-
-    def formatter_ids(self) -> list: ...
 
     def eval_reward(self) -> tuple: ...
 
@@ -72,43 +66,39 @@ class UpdateKeys:
     policy_after: str
 
 
-def declared_key(kind: str, store_kind: str, cfg, upstream: dict) -> str:
-    """The key of an artifact of `store_kind`: its upstream keys and identities, the config fields declared as
-    inputs of `kind` (with the code digest of those that name code) and the digest of coopflow's code that
-    computes `kind` (`stage_code.CODE`)."""
-    return key_for(store_kind, {"in": upstream, "cfg": declared_values(cfg, kind), "code": kind_code(kind)})
+def declared_key(kind: str, store_kind: str, settings, upstream: dict) -> str:
+    """The key of an artifact of `store_kind`: its upstream keys and identities, the settings declared as inputs of
+    `kind` (`settings.declared[kind]`: the config fields `inputs.INPUTS[kind]` names, with the code digest of those
+    that name code) and the digest of coopflow's code that computes `kind` (`stage_code.CODE`)."""
+    return key_for(store_kind, {"in": upstream, "cfg": dict(settings.declared[kind]), "code": kind_code(kind)})
 
 
-def start_key(cfg, source_ident: dict, critic_ident: list | None) -> str:
+def start_key(settings, source_ident: dict, critic_ident: list | None) -> str:
     """Key of the policies a run starts from (the first policy version)."""
-    return declared_key("start", "policy", cfg, {"init": source_ident, "critics": critic_ident})
+    return declared_key("start", "policy", settings, {"init": source_ident, "critics": critic_ident})
 
 
 def scores_key(ctx: KeyContext, rollouts_key: str, env_step_base: int) -> str:
     """Key of the scores of one rollouts artifact under this run's reward and joint mode."""
-    return declared_key("scores", "scores", ctx.cfg, {"rollouts": rollouts_key, "reward": ctx.reward_id,
-                                                      "env_step_base": env_step_base})
+    return declared_key("scores", "scores", ctx.settings, {"rollouts": rollouts_key, "reward": ctx.reward_id,
+                                                           "env_step_base": env_step_base})
 
 
 def update_keys(ctx: KeyContext, policy_key: str, u: Update) -> UpdateKeys:
     """The chained artifact keys of one update (see the module docstring)."""
-    cfg = ctx.cfg
+    s = ctx.settings
     items = [ctx.train_items[i] for i in u.item_ids]
-    upstream = {"policy": policy_key, "items": items_digest(items), "update": u.index,
-                "sampling": ctx.sampling.identity(), "formatters": ctx.formatter_ids()}
-    if ctx.episode.num_turns > 1:  # a tree's shape and later prompts depend on the reward and the transition
-        upstream["episode"] = {"cfg": declared_values(cfg, "episode"), "reward": ctx.reward_id,
-                               "transition": ctx.transition_id}
-    rk = declared_key("rollouts", "rollouts", cfg, upstream)
-    if is_actor_critic(cfg):
-        ak = declared_key("ac_samples", "ac_samples", cfg, {"rollouts": rk, "reward": ctx.reward_id})
+    upstream = {"policy": policy_key, "items": items_digest(items), "update": u.index}
+    if s.multi_turn:  # a tree's shape and later prompts depend on the reward and the transition
+        upstream["episode"] = {"cfg": dict(s.declared["episode"]), "reward": ctx.reward_id}
+    rk = declared_key("rollouts", "rollouts", s, upstream)
+    if s.actor_critic:
+        ak = declared_key("ac_samples", "ac_samples", s, {"rollouts": rk, "reward": ctx.reward_id})
         signal = {"ac_samples": ak}
     else:
-        ak = declared_key("advantages", "advantages", cfg, {"rollouts": rk, "reward": ctx.reward_id,
-                                                            "centralized": ctx.adapter is not None})
+        ak = declared_key("advantages", "advantages", s, {"rollouts": rk, "reward": ctx.reward_id})
         signal = {"advantages": ak}
-    return UpdateKeys(rk, ak, declared_key("policy", "policy", cfg, {"prev": policy_key, **signal,
-                                                                     "centralized": ctx.adapter is not None}))
+    return UpdateKeys(rk, ak, declared_key("policy", "policy", s, {"prev": policy_key, **signal}))
 
 
 def segment_record_keys(ctx: KeyContext, index: int) -> tuple[str, str]:
@@ -123,20 +113,19 @@ def metrics_key(ctx: KeyContext, record_key: str) -> str:
     """Key of the metric rows stored beside `record_key` (a segment's steps, a DPO run, a round). A segment whose
     metrics code changed replays its stored updates once to log the new metrics (no generation)."""
     upstream = {"of": record_key, "eval_reward": ctx.eval_reward()[2], "eval_items": items_digest(ctx.eval_items_used())}
-    m = declared_key("metrics", "metrics", ctx.cfg, upstream)
+    m = declared_key("metrics", "metrics", ctx.settings, upstream)
     return f"{record_key}-m{m[:12]}"
 
 
 def eval_key(ctx: KeyContext, ckpt_key: str) -> str:
     """Key of the final evaluation artifact of a checkpoint."""
-    return declared_key("eval", "eval", ctx.cfg, {
-        "checkpoint": ckpt_key, "items": items_digest(ctx.eval_items_used()), "sampling": ctx.sampling.identity(),
-        "reward": ctx.eval_reward()[2], "formatters": ctx.formatter_ids(), "transition": ctx.transition_id})
+    return declared_key("eval", "eval", ctx.settings, {
+        "checkpoint": ckpt_key, "items": items_digest(ctx.eval_items_used()), "reward": ctx.eval_reward()[2]})
 
 
 def critic_refit_key(ctx: KeyContext, policy_key: str, ac_sample_keys: list[str]) -> str:
     """Key of the critics re-fitted on a run's stored actor-critic samples."""
-    return declared_key("critic", "critic", ctx.cfg, {"checkpoint": policy_key, "samples": ac_sample_keys})
+    return declared_key("critic", "critic", ctx.settings, {"checkpoint": policy_key, "samples": ac_sample_keys})
 
 
 def segment_end_keys(ctx: KeyContext) -> tuple[str, ...]:
@@ -158,45 +147,40 @@ def rm_round_key(round_key: str) -> str:
 # --- preference learning (MADPO, MARLHF) and iterative rounds ---------------------------------------------
 
 
-def candidate_sampling(cfg) -> SamplingConfig:
-    """The sampling of the preference candidates: P per item."""
-    return SamplingConfig.of(cfg, cfg.trainer.preference_num_candidates)
-
-
 def candidates_key(ctx: KeyContext) -> str:
     """Key of the P candidates per item sampled from the start policies (a `rollouts` artifact)."""
-    return declared_key("candidates", "rollouts", ctx.cfg, {
-        "start": ctx.plan.start_key, "items": items_digest(ctx.train_items),
-        "sampling": candidate_sampling(ctx.cfg).identity(), "formatters": ctx.formatter_ids()})
+    return declared_key("candidates", "rollouts", ctx.settings, {
+        "start": ctx.plan.start_key, "items": items_digest(ctx.train_items)})
 
 
 def preference_scores_key(ctx: KeyContext) -> str:
     """Key of the candidates' task-reward scores."""
-    return declared_key("scores", "scores", ctx.cfg, {"candidates": candidates_key(ctx), "reward": ctx.reward_id})
+    return declared_key("scores", "scores", ctx.settings, {"candidates": candidates_key(ctx),
+                                                           "reward": ctx.reward_id})
 
 
 def pairs_key(ctx: KeyContext) -> str:
     """Key of the preference pairs built from the scored candidates."""
-    return declared_key("pairs", "pairs", ctx.cfg, {"scores": preference_scores_key(ctx)})
+    return declared_key("pairs", "pairs", ctx.settings, {"scores": preference_scores_key(ctx)})
 
 
 def dpo_key(ctx: KeyContext) -> str:
     """Key of MADPO's policy after DPO on the pairs."""
-    return declared_key("dpo", "policy", ctx.cfg, {"init": ctx.plan.start_key, "pairs": pairs_key(ctx)})
+    return declared_key("dpo", "policy", ctx.settings, {"init": ctx.plan.start_key, "pairs": pairs_key(ctx)})
 
 
 def reward_model_key(ctx: KeyContext, backbone: list[dict]) -> str:
     """Key of MARLHF's reward model fitted on the pairs, from a backbone of identity `backbone`."""
-    return declared_key("reward_model", "reward_model", ctx.cfg, {"pairs": pairs_key(ctx), "backbone": backbone})
+    return declared_key("reward_model", "reward_model", ctx.settings, {"pairs": pairs_key(ctx),
+                                                                       "backbone": backbone})
 
 
 def round_keys(ctx: KeyContext) -> list[str]:
     """Checkpoint key of every round 1..num_iterations of an iterative run (computable before anything runs)."""
     out, prev = [], ctx.plan.start_key
-    for r in range(1, ctx.cfg.trainer.num_iterations + 1):
-        prev = declared_key("round", "checkpoint", ctx.cfg, {
-            "prev": prev, "round": r, "items": items_digest(ctx.train_items), "formatters": ctx.formatter_ids(),
+    for r in range(1, ctx.settings.plan.trainer.num_iterations + 1):
+        prev = declared_key("round", "checkpoint", ctx.settings, {
+            "prev": prev, "round": r, "items": items_digest(ctx.train_items),
             "eval_items": items_digest(ctx.eval_items_used()), "reward": ctx.reward_id})
         out.append(prev)
     return out
-

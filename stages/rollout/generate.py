@@ -45,24 +45,14 @@ class SamplingConfig:
     compute_dtype: str = "model"  # the KV-cache loop's compute dtype (model | bfloat16 | float16), resolved from auto
     decode_step: str = "auto"  # how the KV-cache loop runs a decode step (decode.STEP_MODES); never in keys
 
-    def identity(self) -> dict:
-        """What keys depend on (default overflow policy and decode dtype are left out: older keys stay valid; the
-        decode step mode never enters: every mode draws the same tokens)."""
-        d = dict(self.__dict__)
-        d.pop("decode_step")
-        if d.get("prompt_overflow") == "error":
-            d.pop("prompt_overflow")
-        if d.get("compute_dtype") == "model":
-            d.pop("compute_dtype")
-        return d
-
     @classmethod
-    def of(cls, cfg, k: int) -> "SamplingConfig":
-        """k samples per prompt with a run config's sampling settings and generation backend."""
-        t = cfg.trainer
-        a = cfg.agents
+    def of(cls, settings, execution, k: int) -> "SamplingConfig":
+        """k samples per prompt with a stage's sampling settings and generation backend (`settings`: the stage's
+        view of the config, `execution`: the execution settings, for the decode step mode)."""
+        t = settings.trainer
+        a = settings.agents
         return cls(k, t.max_new_tokens, t.temperature, t.top_p, t.top_k, a.generation_backend, a.prompt_overflow,
-                   fast_decode.resolve_compute_dtype(a.compute_dtype, a.device), a.decode_step)
+                   fast_decode.resolve_compute_dtype(a.compute_dtype, a.device), execution.agents.decode_step)
 
     def with_k(self, k: int) -> "SamplingConfig":
         """The same settings with k samples per prompt."""
