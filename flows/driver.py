@@ -460,8 +460,6 @@ class RunLog:
 def preference(cfg: RunConfig, runner: Runner, stages: list[str] | None = None, refresh: list[str] | None = None,
                show_progress: bool = False) -> dict:
     """MADPO / MARLHF: candidates -> pairs -> (DPO | reward model -> RL) -> evaluate, tracked in MLflow."""
-    from coopflow.stages.loops import preference as P
-
     stages = list(stages or ["taskset", "train", "evaluate"])
     refresh = list(refresh or [])
     bad = [s for s in stages + refresh if s not in PREFERENCE_STAGES]

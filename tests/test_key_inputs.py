@@ -214,6 +214,26 @@ def run_keys(cfg, store) -> dict[str, object]:
     return out
 
 
+VIEW_OF = {"online": {"start": "start", "rollouts": "rollouts", "scores": "scores", "advantages": "advantages",
+                     "ac_samples": "ac_samples", "policy": "policy", "metrics": "metrics", "eval": "eval",
+                     "critic": "critic"},
+           "preference": {"start": "start", "candidates": "candidates", "scores": "preference_scores",
+                          "pairs": "pairs", "dpo": "dpo", "metrics": "dpo_metrics", "eval": "eval",
+                          "reward_model": "reward_model"},
+           "iterative": {"start": "start", "round": "round"}}
+"""The settings view of the stage that computes each kind `run_keys` returns."""
+
+
+def stage_views(cfg) -> dict:
+    """kind -> the settings view its stage reads (`stages.planning.settings`)."""
+    from coopflow.stages.planning.plan import trains_in_segments
+    from coopflow.stages.planning.settings import RunSettings
+
+    settings = RunSettings.of(cfg)
+    family = "online" if trains_in_segments(cfg) else "iterative" if settings.iterative else "preference"
+    return {kind: settings.view(name) for kind, name in VIEW_OF[family].items()}
+
+
 MODEL_SOURCES = ("critic.critic_model", "trainer.critic_model_name", "trainer.reward_model_name")
 """Model-source fields: their other value is another model directory."""
 
@@ -293,6 +313,7 @@ def test_inputs_change_their_kinds_keys_and_no_effect_fields_change_none(tmp_pat
     cfg = validate_config(base, algorithm)
     store = ArtifactStore(tmp_path / "artifacts")
     ref = run_keys(cfg, store)
+    views = stage_views(cfg)
     fields = field_paths(type(cfg))
     checked, failures = [], []
     for path, f in sorted(fields.items()):
@@ -325,6 +346,14 @@ def test_inputs_change_their_kinds_keys_and_no_effect_fields_change_none(tmp_pat
             same = sorted(k for k in kinds if keys[k] == ref[k])
             if same:
                 failures.append(f"{path} -> {value!r} left the keys of {same} unchanged (declared inputs)")
+        # what a stage may read, its key holds: every field the view of a kind's stage can read changes that key
+        if not explicit and (path in NO_EFFECT or path in NOT_READ.get(algorithm, ((), ""))[0]):
+            checked.append(path)
+            continue
+        readers = [k for k in ref if k in views and views[k].reads(path)]
+        same = sorted(k for k in readers if keys[k] == ref[k])
+        if same:
+            failures.append(f"{path} -> {value!r}: the stages of {same} may read it but their keys did not change")
         checked.append(path)
     assert not failures, "\n".join(failures)
     assert len(checked) > 30

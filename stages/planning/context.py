@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from coopflow.artifacts import ArtifactRef, ArtifactStore, key_for
+from coopflow.artifacts import ArtifactRef, ArtifactStore
 from coopflow.schemas.config import (FormatterConfig, RunConfig, is_local_model_path, missing_model_dir_message,
                                      rl_trainer_fields, validate_config)
 from coopflow.stages.agents.catalog import install, is_catalog_name
@@ -27,7 +27,7 @@ from coopflow.stages.planning.keys import declared_key, segment_end_keys, segmen
 from coopflow.stages.planning.settings import RunSettings
 from coopflow.stages.common.code_identity import planning
 from coopflow.stages.common.stage_code import CODE, kind_code
-from coopflow.stages.planning.plan import (RunPlan, is_actor_critic, plan_segments, plan_updates,
+from coopflow.stages.planning.plan import (RunPlan, plan_segments, plan_updates,
                                trains_in_segments)
 from coopflow.stages.planning.session import Session
 from coopflow.stages.rollout.generate import SamplingConfig

@@ -1,32 +1,34 @@
 """Every input-addressed key of coopflow's artifacts, chained so every key is known before anything runs.
 
+    model          = H(model inputs)                                           (the tiny built-in model)
     policy_0       = H(initial sources' identities, start inputs)
-    rollouts_u     = H(policy_u, items of u, u, sampling, prompts, rollouts inputs
-                       [, multi-turn: reward + transition identities, episode inputs])
-    scores_u       = H(rollouts_u, reward identity, env_step before u, scores inputs)
-    advantages_u   = H(rollouts_u, reward identity, advantages inputs)          (MAGRPO family)
-    ac_samples_u   = H(rollouts_u, reward identity, ac_samples inputs)          (IAC / MAAC)
+    rollouts_u     = H(policy_u, items of u, u, rollouts inputs [, multi-turn: episode inputs, training reward])
+    scores_u       = H(rollouts_u, training reward, env_step before u, scores inputs)
+    advantages_u   = H(rollouts_u, training reward, advantages inputs)          (MAGRPO family)
+    ac_samples_u   = H(rollouts_u, training reward, ac_samples inputs)          (IAC / MAAC)
     policy_{u+1}   = H(policy_u, advantages_u | ac_samples_u, policy inputs)
     steps_s        = <end key of segment s>-s<H(start and end keys of s)>
-    metrics_s      = <steps_s>-m<H(task reward identity, metrics inputs)>
-    eval           = H(checkpoint, eval items, sampling, task reward identity, prompts, eval inputs)
-    candidates     = H(policy_0, items, sampling with P candidates, prompts, candidates inputs)   (MADPO, MARLHF)
-    scores         = H(candidates, reward identity, scores inputs)
+    metrics_s      = <steps_s>-m<H(eval items, metrics inputs)>
+    eval           = H(checkpoint, eval items, eval inputs)
+    critic         = H(checkpoint, ac_samples keys, critic inputs)              (re-fit)
+    candidates     = H(policy_0, items, candidates inputs)                      (MADPO, MARLHF)
+    scores         = H(candidates, training reward, scores inputs)
     pairs          = H(scores, pairs inputs)
-    dpo policy     = H(policy_0, pairs, dpo inputs)                                          (MADPO)
-    reward model   = H(pairs, backbone identity, reward_model inputs)                         (MARLHF)
-    round_r        = H(round_{r-1}, r, items, prompts, eval items, reward identity, round inputs)  (iterative)
+    dpo policy     = H(policy_0, pairs, dpo inputs)                             (MADPO)
+    reward model   = H(pairs, backbone identity, reward_model inputs)           (MARLHF)
+    round_r        = H(round_{r-1}, r, items, eval items, training reward, round inputs)  (iterative)
 
-"<kind> inputs" are the config fields `coopflow.stages.planning.inputs.INPUTS` declares for that kind, with the
-digest of the code each field names (a reward, a formatter, ...); every key takes its config part from there,
-never from fields picked here. Every key also holds the digest of coopflow's code that computes its kind
-(`coopflow.stages.common.stage_code`). The identities come from code and data (a reward's code digest, a model
-directory's files, the items' digest), which no config field captures. env_step is counted at run time (early
-termination makes it data-dependent), which is why only the scores key holds it. A checkpoint is stored under the
-key of the policy version it holds; a segment's steps and metrics under keys that start with it (so `coopflow gc`
-keeps them with it), the steps key naming where the segment started (two segmentations of one run share
-checkpoints, never step lists). The taskset's key is `stages.tasks.taskset.taskset_key` (a lower room: the
-taskset is built before any context exists).
+"<kind> inputs" are `RunSettings.declared[kind]` (`coopflow.stages.planning.settings`): the config fields
+`inputs.INPUTS` declares for that kind, with the digest of the code each field names (a reward, a formatter, ...);
+the stage computing the kind reads exactly those and its upstream kinds' (its settings view), never the config.
+Every key also holds the digest of coopflow's code that computes its kind (`coopflow.stages.common.stage_code`).
+The other parts come from data: the items' digest, a model directory's files, and the training reward's identity
+when it is not the task reward (MARLHF's RL phase: the reward model's key; empty otherwise, the task reward being
+declared inputs). env_step is counted at run time (early termination makes it data-dependent), which is why only
+the scores key holds it. A checkpoint is stored under the key of the policy version it holds; a segment's steps
+and metrics under keys that start with it (so `coopflow gc` keeps them with it), the steps key naming where the
+segment started (two segmentations of one run share checkpoints, never step lists). The taskset's key is
+`stages.tasks.taskset.taskset_key` (a lower room: the taskset is built before any context exists).
 """
 
 from dataclasses import dataclass

@@ -134,6 +134,10 @@ class Settings:
             raise UndeclaredSetting(self._refusal(path) + f": it is computed from {', '.join(missing)}")
         return getattr(node, name)
 
+    def reads(self, path: str) -> bool:
+        """Whether this view lets its stage read config field `path` (a full dotted path from the config's root)."""
+        return self._readable(path)
+
     def held(self, name: str, default: Any = None) -> Any:
         """Field `name` when this view holds it, else `default` (never the config's value): for a helper shared by
         stages of which only some read the field (policies load reference models only for a stage whose key
