@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["export_json", "export_tree"]
+__all__ = ["export_json", "export_parquet", "export_dataset", "export_tree"]
 
 
 def export_json(path: str | os.PathLike, obj: Any) -> Path:
@@ -24,6 +24,41 @@ def export_json(path: str | os.PathLike, obj: Any) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return p
+
+
+def export_parquet(path: str | os.PathLike, rows: list[dict], columns: tuple[str, ...]) -> Path:
+    """Write `rows` (with exactly `columns`, in that order) as one Parquet file at `path` atomically."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    p = Path(path).expanduser()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows]) if rows else \
+        pa.table({c: pa.array([], pa.string()) for c in columns})
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table.select(list(columns)), tmp)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
+
+
+def export_dataset(path: str | os.PathLike, rows: list[dict], columns: tuple[str, ...]) -> Path:
+    """Write `rows` as a `datasets` directory (`Dataset.save_to_disk`, loadable with `datasets.load_from_disk`),
+    replacing what was at `path` only once it is complete."""
+    from datasets import Dataset
+
+    d = Path(path).expanduser()
+    d.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}.", dir=d.parent))
+    try:
+        Dataset.from_list([{c: r.get(c) for c in columns} for r in rows]).save_to_disk(str(tmp / "ds"))
+        return export_tree(tmp / "ds", d)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def export_tree(src: str | os.PathLike, dst: str | os.PathLike) -> Path:

@@ -9,3 +9,11 @@ Move a CoMLRL script by replacing the import prefix `comlrl` with `coopflow`:
 """
 
 __version__ = "0.1.0"
+
+
+def rollouts(run=None, data_dir=None, updates=None, eval=False):
+    """A run's joint answers (each agent's completion, the joint reward, the advantage) as a pandas DataFrame:
+    see `coopflow._inspect.rollouts`."""
+    from coopflow._inspect import rollouts as _rollouts
+
+    return _rollouts(run, data_dir, updates, eval)

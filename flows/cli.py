@@ -115,13 +115,37 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--port", type=int, default=5000)
     u.add_argument("--tracking-uri", help="the MLflow store to show instead of <data_dir>/mlflow.db (a config's "
                                           "tracking.tracking_uri)")
+    sh = sub.add_parser("show", help="print a run's joint answers (each agent's completion, the reward, the "
+                                     "advantage) from the store: no model, no server")
+    sh.add_argument("run", nargs="?", help="run key or a unique prefix of it (default: the newest run)")
+    sh.add_argument("--update", help="which update: an index, first or last (default: last)")
+    sh.add_argument("--item", type=int, help="only this item id")
+    sh.add_argument("--sort", choices=("reward", "-reward"), help="order joint actions by reward (-reward: best first)")
+    sh.add_argument("--eval", action="store_true", help="the run's final evaluation instead of its training updates")
+    sh.add_argument("--compare", action="store_true",
+                    help="one item's answers at the first and the last update side by side (the item: --item, "
+                         "else the first one)")
+    sh.add_argument("--limit", type=int, default=10, help="joint actions shown (default 10)")
+    ex = sub.add_parser("export", help="write a run's joint answers as one table: FILE.parquet, or a datasets dir")
+    ex.add_argument("run", help="run key or a unique prefix of it (`coopflow show` prints it)")
+    ex.add_argument("--out", required=True, help="FILE.parquet (pandas / datasets.load_dataset('parquet')), or a "
+                                                 "directory (datasets.load_from_disk)")
+    ex.add_argument("--eval", action="store_true", help="the run's final evaluation instead of its training updates")
+    for x in (sh, ex):
+        x.add_argument("--data-dir", help="data dir (default: $COOPFLOW_HOME or ./.coopflow)")
     sub.add_parser("flows", help="list the flows")
     sub.add_parser("config-reference", help="print the config reference (markdown table) of docs/reference/configuration.md")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    raw, out = list(sys.argv[1:] if argv is None else argv), []
+    for a in raw:  # `--sort -reward` reads as one option with its value, not as two options
+        if a == "-reward" and out and out[-1] == "--sort":
+            out[-1] = "--sort=-reward"
+        else:
+            out.append(a)
+    args = _parser().parse_args(out)
     code = _dispatch(args)
     if code and argv is None:  # the `coopflow` command itself (not a call from Python) failed: see _quiet_shutdown
         _quiet_shutdown()
@@ -135,7 +159,7 @@ def _dispatch(args) -> int:
 
         return {"run": _run, "validate": _validate, "tiny-model": _tiny, "serve": _serve, "deploy": _deploy, "merge-lora": _merge_lora,
                 "flows": _flows, "models": _models, "verify": _verify, "gc": _gc, "ui": _ui,
-                "config-reference": _config_reference}[args.cmd](args)
+                "config-reference": _config_reference, "show": _show, "export": _export}[args.cmd](args)
     except KeyboardInterrupt:
         print("interrupted; completed segments are checkpointed, rerun the same command to resume",
               file=sys.stderr)
@@ -147,6 +171,28 @@ def _dispatch(args) -> int:
         print(f"coopflow: {err}\n(run `coopflow verify --quarantine` to set every bad artifact aside; the next run "
               "recomputes them)", file=sys.stderr)
         return 3
+
+
+def _show(args) -> int:
+    from coopflow.flows.show import show
+    from coopflow.stages.operations.rollouts import UnknownRun
+
+    try:
+        return show(args)
+    except (UnknownRun, ValueError) as err:
+        print(f"coopflow: {err}", file=sys.stderr)
+        return 2
+
+
+def _export(args) -> int:
+    from coopflow.flows.show import export
+    from coopflow.stages.operations.rollouts import UnknownRun
+
+    try:
+        return export(args)
+    except (UnknownRun, ValueError) as err:
+        print(f"coopflow: {err}", file=sys.stderr)
+        return 2
 
 
 def _quiet_shutdown() -> None:

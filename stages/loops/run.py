@@ -299,4 +299,5 @@ def _evaluate(ctx: RunContext, policy_key: str, policies) -> tuple[ArtifactRef, 
                              derive_seed(s.seed, "final-eval"), ctx.episode, ctx.eval_hooks,
                              samples=s.trainer.eval_samples_per_item)
     ctx.session.calls["evaluate"] += 1
-    return ctx.store.put_table("eval", key, rows), metrics
+    # (the checkpoint it evaluated is recorded with it: `coopflow show --eval` finds a run's evaluation by it)
+    return ctx.store.put_table("eval", key, rows, meta={"checkpoint": policy_key}), metrics

@@ -104,7 +104,7 @@ def needed(store: ArtifactStore, roots: Roots, extra_checkpoints: list[str] = ()
     return keep
 
 
-def _written_at(store: ArtifactStore, kind: str, key: str) -> float:
+def written_at(store: ArtifactStore, kind: str, key: str) -> float:
     """When an artifact was committed (its record's mtime; the dir's when it has none)."""
     p = store.path(kind, key)
     try:
@@ -136,7 +136,7 @@ def plan_gc(store: ArtifactStore, roots: Roots, keep_optimizer: str = "all", gra
                     and _segment_checkpoint(store, key):
                 plan.slimmable.append((key, store.size(kind, key, "optimizer"), key in roots.finals))
             continue
-        written = _written_at(store, kind, key)
+        written = written_at(store, kind, key)
         if (kind, key) in held or written >= min(held_since, now - grace_s):
             plan.protected += 1
             continue
@@ -160,7 +160,7 @@ def apply_gc(store: ArtifactStore, plan: GcPlan, started: float) -> tuple[int, i
     held = needed(store, Roots(), [k for lk in late for k in lk["keys"]]) if late else set()
     done, freed = 0, 0
     for kind, key, size in plan.delete:
-        if (kind, key) in held or _written_at(store, kind, key) >= started:
+        if (kind, key) in held or written_at(store, kind, key) >= started:
             continue
         if store.remove(kind, key):
             done, freed = done + 1, freed + size

@@ -1,0 +1,107 @@
+"""A run's joint answers, read back from the store: `coopflow.rollouts`, `coopflow show`, `coopflow export`.
+
+One tiny two-epoch run; the joined table must agree with the stored scores and advantages row by row, the commands
+must read the store only (no model loads) and refuse an unknown run in one line naming the runs there are.
+"""
+
+import pytest
+
+import coopflow
+from coopflow.artifacts import ArtifactStore
+from coopflow.flows.cli import main
+from coopflow.schemas.config import validate_config
+from coopflow.stages.operations import rollouts as R
+from tests.conftest import small_config
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    from coopflow.flows.driver import run_inline
+
+    tmp = tmp_path_factory.mktemp("inspect")
+    cfg = validate_config(small_config(tmp, trainer={"num_train_epochs": 2}))
+    out = run_inline(cfg)
+    return tmp, out, ArtifactStore.at(tmp)
+
+
+def test_the_joined_table_agrees_with_the_stored_scores_and_advantages(finished):
+    data, out, store = finished
+    df = coopflow.rollouts(data_dir=str(data))
+    assert list(df.columns) == list(R.COLUMNS) and set(df["run_key"]) == {out["run_key"]}
+    info = R.find_run(store)
+    steps = R.update_manifest(store, info)
+    assert sorted(set(df["update"])) == [s["update"] for s in steps] and len(steps) == info.updates
+    for step in steps:
+        scores = store.read_rows(store.find("scores", step["scores"]))
+        adv = {(a["turn"], a["node_id"], a["agent"], a["sample"]): a["advantage"]
+               for a in store.read_rows(store.find("advantages", step["signal"]))}
+        mine = df[df["update"] == step["update"]]
+        assert len(mine) == len(scores) * 2  # one row per agent of every joint action
+        for s in scores:
+            rows = mine[(mine["node_id"] == s["node_id"]) & (mine["joint"] == s["joint_idx"])]
+            assert list(rows["agent"]) == [0, 1] and set(rows["reward"]) == {s["reward"]}
+            for _, r in rows.iterrows():
+                assert r["sample"] == s["combo"][r["agent"]]
+                assert r["advantage"] == adv[(r["turn"], r["node_id"], r["agent"], r["sample"])]
+        rollouts = {(x["node_id"], x["agent"], x["sample"]): x["completion_text"]
+                    for x in store.read_rows(store.find("rollouts", step["rollouts"]))}
+        assert all(rollouts[(r["node_id"], r["agent"], r["sample"])] == r["completion"] for _, r in mine.iterrows())
+    first, last = coopflow.rollouts(data_dir=str(data), updates="first"), coopflow.rollouts(data_dir=str(data),
+                                                                                              updates="last")
+    assert set(first["update"]) == {steps[0]["update"]} and set(last["update"]) == {steps[-1]["update"]}
+    ev = coopflow.rollouts(out["run_key"][:8], data_dir=str(data), eval=True)
+    assert list(ev.columns) == list(R.EVAL_COLUMNS) and len(ev) > 0
+    assert abs(ev.groupby(["item_id", "sample"])["reward"].first().mean() - out["eval"]["eval/turn_1/reward_mean"]) \
+        < 1e-9
+
+
+def test_show_prints_joint_answers_from_the_store_without_loading_a_model(finished, capsys, monkeypatch):
+    import transformers
+
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    data, out, store = finished
+    assert main(["show", "--data-dir", str(data), "--sort", "-reward", "--limit", "3"]) == 0
+    text = capsys.readouterr().out
+    assert out["run_key"] in text and "advantage" in text
+    df = coopflow.rollouts(data_dir=str(data), updates="last")
+    shown = [float(line.split("reward ")[1].split(" ")[0]) for line in text.splitlines() if line.startswith("update ")]
+    assert len(shown) == 3 and shown[0] == pytest.approx(df["reward"].max(), abs=1e-4) and shown == sorted(shown,
+                                                                                                         reverse=True)
+    item = int(coopflow.rollouts(data_dir=str(data), updates="first")["item_id"].iloc[0])
+    assert main(["show", "--data-dir", str(data), "--item", str(item), "--update", "first"]) == 0
+    text = capsys.readouterr().out
+    assert all(f"item {item} " in line for line in text.splitlines() if line.startswith("update "))
+    assert main(["show", "--data-dir", str(data), "--compare", "--item", str(item)]) == 0
+    text = capsys.readouterr().out
+    assert f"item {item}: update" in text
+    assert [line.count("agent 0 ·") for line in text.splitlines() if line.startswith("agent 0")] == [2]  # side by side
+    assert main(["show", "--data-dir", str(data), "--eval"]) == 0
+    assert "eval · item" in capsys.readouterr().out
+
+
+def test_export_writes_one_loadable_table(finished, tmp_path):
+    import datasets
+    import pandas as pd
+
+    data, out, store = finished
+    assert main(["export", out["run_key"], "--data-dir", str(data), "--out", str(tmp_path / "r.parquet")]) == 0
+    df = pd.read_parquet(tmp_path / "r.parquet")
+    assert df.equals(coopflow.rollouts(out["run_key"], data_dir=str(data)))
+    ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "r.parquet"), cache_dir=str(tmp_path / "c"))
+    assert ds["train"].num_rows == len(df) and ds["train"].column_names == list(R.COLUMNS)
+    assert main(["export", out["run_key"][:10], "--data-dir", str(data), "--out", str(tmp_path / "ds")]) == 0
+    assert datasets.load_from_disk(str(tmp_path / "ds")).num_rows == len(df)
+
+
+def test_an_unknown_run_is_refused_in_one_line_naming_the_runs(finished, capsys, tmp_path):
+    data, out, store = finished
+    assert main(["show", "nosuchrun", "--data-dir", str(data)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "nosuchrun" in err and out["run_key"][:12] in err
+    assert main(["export", "nosuchrun", "--data-dir", str(data), "--out", str(tmp_path / "x.parquet")]) == 2
+    assert not (tmp_path / "x.parquet").exists() and "nosuchrun" in capsys.readouterr().err
+    assert main(["show", "--data-dir", str(tmp_path / "empty")]) == 2
+    assert "no training run" in capsys.readouterr().err
