@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coopflow.artifacts import ArtifactRef, ArtifactStore
-from coopflow.flows.tracking import Tracker, public_params, reward_curve_svg, tracker_for
+from coopflow.flows.tracking import Tracker, public_params, tracker_for
 from coopflow.schemas.config import ConfigError, RunConfig
 from coopflow.stages.agents.checkpoint import policy_key_of
 from coopflow.stages.planning import context as C
@@ -249,7 +249,7 @@ def train(cfg: RunConfig, runner: Runner, stages: list[str] | None = None, refre
         if "score" in stages:
             steps = [store.find("steps", k) for k in R.segment_keys_of(store, rescore_from)]
             log.rescored(runner("rescore", ctx, steps), rescore_from)
-        return log.finish(trained.steps_rows if trained else [], f"{cfg.algorithm} {ctx.run_key[:8]}")
+        return log.finish()
 
 
 def _training_stages(stages, refresh, rescore_from) -> tuple[list[str], list[str]]:
@@ -398,7 +398,22 @@ class RunLog:
             self.runner.logger.info("segment %d cached: checkpoint %s", i, res.checkpoint.key)
         if not (self.continued and res.cached):
             self.metrics(res.metrics)
+            self.rollout_tables(i, res, self.ctx)
         self.tracker.record(f"checkpoint.segment_{i}", res.checkpoint)
+
+    def rollout_tables(self, i: int, res: SegmentResult, ctx: C.RunContext) -> None:
+        """Segment i's joint answers as one MLflow table (`rollouts/segment_NNNN.json`), of the updates
+        `tracking.rollouts` selects."""
+        setting = self.cfg.tracking.rollouts
+        if not self.tracker.enabled or setting in ("eval", "none") or res.steps is None:
+            return
+        from coopflow.stages.operations import rollouts as RO
+
+        steps = self.store.read_rows(res.steps)
+        keep = set(RO.logged_updates(setting, [s["update"] for s in steps], ctx.plan.updates[-1].index))
+        rows = [r for s in steps if s["update"] in keep for r in RO.update_rows(self.store, ctx.run_key, s)]
+        if rows:
+            self.tracker.log_tables({f"rollouts/segment_{i + 1:04d}.json": RO.joint_table(rows)})
 
     def trained(self, trained: R.TrainResult) -> None:
         """The segments' lineage (manifests, rollouts, scores, learning signals), final checkpoint and totals."""
@@ -410,6 +425,11 @@ class RunLog:
 
     def evaluated(self, ref: ArtifactRef, ev: dict[str, float], before: bool = False) -> None:
         """An evaluation: of the trained policy (at its env_step), or `before` training (at env_step 0)."""
+        if self.tracker.enabled and self.cfg.tracking.rollouts != "none":
+            from coopflow.stages.operations import rollouts as RO
+
+            rows = RO.eval_table_rows(self.store, ref, "")  # (the table has no run key column)
+            self.tracker.log_tables({f"rollouts/eval{'_before' if before else ''}.json": RO.eval_table(rows)})
         if before:
             self.tracker.record("eval_before", ref)
             self._at_env_steps({k.removeprefix("eval/"): v for k, v in ev.items()}, "eval_before/", step=0)
@@ -432,22 +452,13 @@ class RunLog:
         self.summary["rescore"] = dict(zip(("reward_first", "reward_last"), R.first_last_fifth(vals)),
                                        updates=len(vals), source_run_key=source_run_key)
 
-    def finish(self, steps: list[dict], title: str | None) -> dict:
-        """The run's files (summary, config, lineage; reward curve and sample rollouts of a training run) and the
-        `final_model_saved` mark; returns the summary."""
+    def finish(self) -> dict:
+        """The run's files (summary, config, lineage) and the `final_model_saved` mark; returns the summary."""
         self.summary["executed"] = self.ctx.session.executed()
         t, cfg = self.tracker, self.cfg
         if t.enabled:
             files: dict[str, Any] = {"summary.json": self.summary, "config.json": public_params(cfg),
                                      "lineage.json": t.lineage}
-            if steps:
-                files["reward_curve.svg"] = reward_curve_svg([r["env_step"] for r in steps],
-                                                             [r["reward_mean"] for r in steps], title).encode()
-                last = self.store.find("rollouts", steps[-1]["rollouts"])
-                if last is not None and cfg.tracking.sample_rollouts:
-                    keep = ("item_id", "agent", "sample", "prompt", "completion_text", "length", "finished")
-                    files["rollout_samples.json"] = [{k: r[k] for k in keep} for r in
-                                                     self.store.read_rows(last)[:cfg.tracking.sample_rollouts]]
             t.log_files(files)
         self.metrics([{"key": "final_model_saved", "value": 1.0, "env_step": self.env_steps}])
         return self.summary
@@ -485,7 +496,7 @@ def preference(cfg: RunConfig, runner: Runner, stages: list[str] | None = None, 
         log.summary.update(env_steps=log.env_steps, checkpoint=str(store.open_dir(ckpt)))
         if "evaluate" in stages:  # always with the task reward
             log.evaluated(*runner("evaluate", eval_ctx, ckpt, "evaluate" in refresh))
-        return log.finish([], None)
+        return log.finish()
 
 
 def _dpo(ctx: C.RunContext, runner: Runner, log: RunLog, pairs: ArtifactRef, show_progress: bool) -> ArtifactRef:
@@ -508,8 +519,12 @@ def _rlhf(ctx: C.RunContext, runner: Runner, log: RunLog, pairs: ArtifactRef,
     log.metrics([{"key": k, "value": v, "env_step": 0} for k, v in rm_metrics.items()])
     log.summary["reward_model"] = {**rm_metrics, "artifact": str(ctx.store.open_dir(rm_ref))}
     rctx = P.rl_context(ctx, rm_ref)
+    def on_segment(i: int, res: SegmentResult) -> None:
+        log.metrics(res.metrics)
+        log.rollout_tables(i, res, rctx)
+
     trained = R.run_segments(rctx, lambda c, i, start, key: runner("train-segment", c, i, start, key, show_progress),
-                             lambda i, res: log.metrics(res.metrics))
+                             on_segment)
     first, last = trained.first_last()
     log.summary.update(rm_reward_first=first, rm_reward_last=last, run_key=policy_key_of(trained.checkpoint.key))
     log.env_steps = trained.env_steps

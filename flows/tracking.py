@@ -4,7 +4,8 @@ What a run holds:
 - params: the full resolved config, flattened to dotted keys;
 - metrics keyed by `env_step` with the reference's names (`turn_1/reward_mean`,
   `turn_1/expected_return`, `eval/turn_1/...`) plus `timing/*` per stage and tokens/s;
-- artifacts: `reward_curve.svg`, `rollout_samples.json`, `lineage.json`, `summary.json`, `config.json`;
+- artifacts: `lineage.json`, `summary.json`, `config.json`, and the joint answers as tables MLflow's artifact view
+  shows (`rollouts/segment_NNNN.json`, `rollouts/eval.json`, `rollouts/eval_before.json`: `tracking.rollouts`);
 - lineage: a tag `lineage.<role>` = `<kind>/<key>@<sha256>` for each main input/output artifact,
   the taskset as an MLflow dataset input whose digest is the artifact's sha256, and every artifact
   of the run (rollouts, scores, advantages, checkpoints, eval) in `lineage.json`.
@@ -13,7 +14,6 @@ What a run holds:
 import functools
 import json
 import logging
-import math
 import os
 import re
 import tempfile
@@ -121,6 +121,9 @@ def schema_problem(uri: str) -> str | None:
             f"the full mlflow of the version that wrote it, or log new runs into a fresh data dir")
 
 
+MAX_TAG_VALUE = 5000
+"""The longest run tag value this tracker sends (MLflow's own limit is 8000)."""
+
 _METRIC_REFUSED = re.compile(r"[^\w\-. :/]")
 
 
@@ -193,6 +196,7 @@ class Tracker:
         self._tags: list = []
         self._writer: ThreadPoolExecutor | None = None
         self._pending: list = []
+        self._tables: list[dict] = []  # the run's table artifacts (the `mlflow.loggedArtifacts` tag)
         if not enabled:
             return
         from mlflow.tracking import MlflowClient
@@ -214,7 +218,9 @@ class Tracker:
             for k, v in owner_tags().items():  # this process owns it now
                 self._call(self.client.set_tag, run_id, k, v)
             self.run_id = run_id
-            old = self.client.get_run(run_id).data.params
+            earlier = self.client.get_run(run_id).data
+            old = earlier.params
+            self._tables = json.loads(earlier.tags.get("mlflow.loggedArtifacts", "[]"))
             from mlflow.entities import Param
 
             new = {k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in flatten(params).items()}
@@ -252,7 +258,7 @@ class Tracker:
             return
         from mlflow.entities import RunTag
 
-        self._tags += [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
+        self._tags += [RunTag(k, str(v)[:MAX_TAG_VALUE]) for k, v in tags.items()]
 
     def flush(self) -> None:
         """Send queued metrics and tags (MLflow's batch limits: 1000 metrics, 100 tags per call)."""
@@ -296,6 +302,19 @@ class Tracker:
                 self.client.log_artifacts(run_id, tmp)
 
         self._later(write, self.run_id)
+
+    def log_tables(self, tables: dict[str, tuple[list[str], list[list]]]) -> None:
+        """Log tables {artifact path: (columns, rows)} as JSON artifacts the MLflow UI shows as sortable tables (the
+        format of MLflow's `log_table`, listed in the run's `mlflow.loggedArtifacts` tag). A path logged again is
+        replaced, never appended to, so a resumed run logs each table once."""
+        if not self.enabled or not tables:
+            return
+        self.log_files({path: {"columns": cols, "data": rows} for path, (cols, rows) in tables.items()})
+        known = {t["path"] for t in self._tables}
+        self._tables += [{"path": p, "type": "table"} for p in tables if p not in known]
+        value = json.dumps(self._tables)
+        if len(value) <= MAX_TAG_VALUE:  # (beyond it the tables stay readable as JSON files in the artifacts)
+            self.tag({"mlflow.loggedArtifacts": value})
 
     def _later(self, fn, *args, **kwargs) -> None:
         """Run an MLflow write on the tracker's writer thread, in order, while the flow goes on (each write costs
@@ -372,57 +391,3 @@ class Tracker:
                 self._writer.shutdown(wait=True)
                 self._writer = None
         self._call(self.client.set_terminated, self.run_id, status="FINISHED" if ok else "FAILED")
-
-
-def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    """About `n` round tick values covering [lo, hi] (steps of 1, 2 or 5 times a power of ten)."""
-    if hi <= lo:
-        lo, hi = lo - 0.5, hi + 0.5
-    raw = (hi - lo) / max(n - 1, 1)
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    first = math.floor(lo / step) * step
-    return [round(first + i * step, 10) for i in range(math.ceil((hi - first) / step - 1e-9) + 1)]
-
-
-def reward_curve_svg(env_steps: list[int], rewards: list[float], title: str) -> str:
-    """The training reward curve as a small SVG line chart (MLflow's artifact view shows it as an image).
-
-    Written by hand, not with matplotlib: drawing a PNG with matplotlib cost ~60 ms of CPU per flow run, a
-    third of the flow's whole tracking overhead on a short run; this costs well under a millisecond."""
-    from xml.sax.saxutils import escape
-
-    pairs = [(x, y) for x, y in zip(env_steps, rewards) if math.isfinite(y)]
-    env_steps, rewards = [x for x, _ in pairs] or [0], [y for _, y in pairs] or [0.0]
-    w, h, left, right, top, bottom = 600, 320, 64, 16, 28, 44
-    xt, yt = _ticks(min(env_steps), max(env_steps)), _ticks(min(rewards), max(rewards))
-    x0, x1, y0, y1 = xt[0], xt[-1], yt[0], yt[-1]
-
-    def px(x: float) -> float:
-        return left + (x - x0) / (x1 - x0) * (w - left - right)
-
-    def py(y: float) -> float:
-        return h - bottom - (y - y0) / (y1 - y0) * (h - top - bottom)
-
-    def num(v: float) -> str:
-        return f"{v:g}"
-
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
-           'font-family="sans-serif" font-size="11">',
-           f'<rect width="{w}" height="{h}" fill="white"/>',
-           f'<text x="{w / 2}" y="16" text-anchor="middle" font-size="12">{escape(title)}</text>']
-    for v in yt:
-        out.append(f'<line x1="{left}" x2="{w - right}" y1="{py(v):.1f}" y2="{py(v):.1f}" stroke="#ddd"/>'
-                   f'<text x="{left - 6}" y="{py(v) + 4:.1f}" text-anchor="end">{num(v)}</text>')
-    for v in xt:
-        out.append(f'<line x1="{px(v):.1f}" x2="{px(v):.1f}" y1="{top}" y2="{h - bottom}" stroke="#ddd"/>'
-                   f'<text x="{px(v):.1f}" y="{h - bottom + 16}" text-anchor="middle">{num(v)}</text>')
-    out.append(f'<rect x="{left}" y="{top}" width="{w - left - right}" height="{h - top - bottom}" fill="none" '
-               'stroke="#444"/>')
-    pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(env_steps, rewards))
-    out.append(f'<polyline points="{pts}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>')
-    out += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.5" fill="#1f77b4"/>' for x, y in zip(env_steps, rewards)]
-    out.append(f'<text x="{left + (w - left - right) / 2}" y="{h - 8}" text-anchor="middle">env_step</text>')
-    out.append(f'<text transform="translate(14 {top + (h - top - bottom) / 2}) rotate(-90)" text-anchor="middle">'
-               'turn_1/reward_mean</text>')
-    return "\n".join(out + ["</svg>"]) + "\n"

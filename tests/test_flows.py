@@ -1,5 +1,7 @@
 """Flows under one session-scoped Prefect test server: smoke, cached rerun, stage reruns, MLflow."""
 
+import json
+
 import pytest
 
 from coopflow.schemas.config import ConfigError
@@ -39,7 +41,13 @@ def test_flow_smoke_and_mlflow(first_run):
     assert run.data.tags["lineage.checkpoint.final"].startswith("checkpoint/")
     assert run.data.tags["lineage.taskset"].startswith("taskset/")
     names = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"reward_curve.svg", "rollout_samples.json", "lineage.json", "summary.json"} <= names
+    assert {"rollouts", "lineage.json", "summary.json"} <= names
+    # the joint answers as tables the UI shows: both updates (every 10th and the last), the evaluations
+    tables = [t["path"] for t in json.loads(run.data.tags["mlflow.loggedArtifacts"])]
+    assert tables == ["rollouts/eval_before.json", "rollouts/segment_0001.json", "rollouts/eval.json"]
+    seg = json.loads(open(client.download_artifacts(run.info.run_id, tables[1], str(cfg["data_dir"]))).read())
+    assert seg["columns"][:5] == ["update", "item_id", "reward", "agent_0", "agent_1"]
+    assert sorted({r[0] for r in seg["data"]}) == [0, 1] and "agent_1" in seg["columns"]
     # run artifacts live under the data dir, not in ./mlruns of the working directory
     art = __import__("pathlib").Path(cfg["data_dir"]) / "mlartifacts"
     assert run.info.artifact_uri.startswith(art.as_uri())

@@ -437,7 +437,7 @@ CONTENT_CASES = [
     ("agents.attn_implementation", "eager"), ("agents.device", "cpu:0"), ("agents.decode_step", "static"), ("agents.torch_threads", 1),
     ("trainer.eval_batch_size", 4), ("reward.timeout_s", 30.0), ("reward.retries", 2),
     ("reward.reward_range", [0.0, 1.0]), ("reward.workers", 2), ("max_sequences", 100000),
-    ("tracking.experiment", "other"), ("tracking.sample_rollouts", 2), ("checkpoint_optimizer", "last"),
+    ("tracking.experiment", "other"), ("tracking.rollouts", 2), ("checkpoint_optimizer", "last"),
     ("trainer.logging_steps", 100), ("trainer.eval_interval", 2), ("trainer.eval_num_samples", 1),
     ("trainer.temperature", 0.7), ("trainer.agent_learning_rate", 1e-4), ("trainer.num_generations", 3),
     ("trainer.advantage_normalization", False), ("trainer.loss_on_padding", False), ("trainer.top_k", 5),

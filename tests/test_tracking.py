@@ -1,39 +1,10 @@
-"""flows.tracking: the reward-curve SVG and the tracker's batching of its first writes."""
+"""flows.tracking: the tracker's batching of its first writes and its tables."""
 
-import xml.etree.ElementTree as ET
+import json
 
 import pytest
 
-from coopflow.flows.tracking import Tracker, _ticks, reward_curve_svg
-
-SVG = "{http://www.w3.org/2000/svg}"
-
-
-def test_ticks_are_round_and_cover_the_range():
-    assert _ticks(4, 16) == [0, 5, 10, 15, 20]
-    assert _ticks(0.1, 0.5) == [0.1, 0.2, 0.3, 0.4, 0.5]  # (0.5 - 0.1) / 0.1 is 4.000000000000001
-    assert _ticks(-1.2, 3.7) == [-2, 0, 2, 4]
-    assert _ticks(0.3, 0.3) == [-0.5, 0.0, 0.5, 1.0]  # a flat curve still gets an axis
-
-
-def test_reward_curve_svg_draws_every_finite_point_on_its_axes():
-    svg = reward_curve_svg([4, 8, 12, 16], [0.1, 0.5, float("nan"), 0.3], "magrpo <a&b>")
-    root = ET.fromstring(svg)  # well-formed, the title escaped
-    texts = [t.text for t in root.iter(SVG + "text")]
-    assert "magrpo <a&b>" in texts and "env_step" in texts and "turn_1/reward_mean" in texts
-    assert {"0.1", "0.5", "0", "20"} <= set(texts)
-    dots = [(float(c.get("cx")), float(c.get("cy"))) for c in root.iter(SVG + "circle")]
-    assert len(dots) == 3  # the NaN point is left out
-    # plot box: x from 64 to 584 for env_step 0..20, y from 276 (0.1) up to 28 (0.5)
-    assert dots[0] == pytest.approx((64 + 4 / 20 * 520, 276.0))
-    assert dots[1] == pytest.approx((64 + 8 / 20 * 520, 28.0))
-    poly = root.find(SVG + "polyline").get("points").split()
-    assert len(poly) == 3
-
-
-def test_reward_curve_svg_of_nothing_finite_is_still_an_image():
-    root = ET.fromstring(reward_curve_svg([4], [float("nan")], "t"))
-    assert root.tag == SVG + "svg"
+from coopflow.flows.tracking import Tracker
 
 
 def _tracker(tmp_path):
@@ -142,3 +113,24 @@ def test_logging_a_dataset_another_run_inserted_at_the_same_moment_is_retried(tm
     tr.finish(True)
     assert len(calls) == 2
     assert [d.dataset.name for d in tr.client.get_run(run_id).inputs.dataset_inputs] == ["taskset-x"]
+
+
+def test_a_table_logged_again_is_replaced_and_listed_once_also_by_a_continued_run(tmp_path):
+    tr = _tracker(tmp_path)
+    run_id = tr.start("r", {}, {})
+    tr.log_tables({"rollouts/segment_0001.json": (["update", "reward"], [[0, 0.5], [1, 0.75]])})
+    tr.log_tables({"rollouts/segment_0001.json": (["update", "reward"], [[0, 0.5], [1, 0.75]]),
+                   "rollouts/eval.json": (["item_id", "reward"], [[3, 1.0]])})
+    tr.finish(True)
+    path = tr.client.download_artifacts(run_id, "rollouts/segment_0001.json", str(tmp_path / "dl"))
+    assert json.loads(open(path).read()) == {"columns": ["update", "reward"], "data": [[0, 0.5], [1, 0.75]]}
+    listed = json.loads(tr.client.get_run(run_id).data.tags["mlflow.loggedArtifacts"])
+    assert listed == [{"path": "rollouts/segment_0001.json", "type": "table"},
+                      {"path": "rollouts/eval.json", "type": "table"}]
+    again = _tracker(tmp_path)  # a resumed or continued run reopens the MLflow run
+    again.start("r", {}, {}, run_id=run_id)
+    again.log_tables({"rollouts/segment_0002.json": (["update"], [[2]])})
+    again.finish(True)
+    listed = json.loads(again.client.get_run(run_id).data.tags["mlflow.loggedArtifacts"])
+    assert [t["path"] for t in listed] == ["rollouts/segment_0001.json", "rollouts/eval.json",
+                                          "rollouts/segment_0002.json"]

@@ -1,11 +1,13 @@
 """`coopflow ui`: the MLflow web UI over a data dir's tracking store.
 
 Fast tests: the install hint without the full mlflow, the schema check, the server command line. The slow
-test trains a tiny run, starts `coopflow ui` on 127.0.0.1 and loads the experiment's runs page, the run page
-and its artifacts page in headless Chromium (Debian's `chromium`), checking that the run, its metrics, its
-lineage tags and its artifacts appear; it skips when Chromium or the full mlflow is not installed.
+test trains a tiny run, starts `coopflow ui` on 127.0.0.1 and loads the experiment's runs page, the run page,
+its artifacts page and the table of its joint answers in headless Chromium (Debian's `chromium`), checking that
+the run, its metrics, its lineage tags, its artifacts and a chosen update's completions and reward appear; it
+skips when Chromium or the full mlflow is not installed.
 """
 
+import html
 import json
 import os
 import shutil
@@ -154,9 +156,20 @@ def test_coopflow_ui_shows_a_runs_metrics_lineage_and_artifacts(prefect_harness,
         overview = _dom(chromium, f"{page}/runs/{run_id}", "turn_1/reward_mean", "lineage.taskset")
         for needle in (name, "turn_1/reward_mean", "eval/turn_1/reward_mean", "lineage.taskset", "Finished"):
             assert needle in overview, needle
-        artifacts = _dom(chromium, f"{page}/runs/{run_id}/artifacts", "reward_curve.svg")
-        for needle in ("reward_curve.svg", "lineage.json", "rollout_samples.json", "summary.json"):
+        artifacts = _dom(chromium, f"{page}/runs/{run_id}/artifacts", "lineage.json")
+        for needle in ("rollouts", "lineage.json", "summary.json"):
             assert needle in artifacts, needle
+        # a joint action of a chosen update, read off the table view of the run's rollouts
+        with urllib.request.urlopen(f"{base}/get-artifact?path=rollouts/segment_0001.json&run_uuid={run_id}",
+                                    timeout=30) as r:
+            table = json.loads(r.read())
+        cols = table["columns"]
+        chosen = [row for row in table["data"] if row[cols.index("update")] == 1][0]  # the second update
+        completions = [chosen[cols.index(f"agent_{a}")] for a in (0, 1)]
+        view = html.unescape(_dom(chromium, f"{page}/runs/{run_id}/artifacts/rollouts/segment_0001.json",
+                                  "advantage_0"))
+        for needle in ("View as table", "agent_0", "advantage_1", str(chosen[cols.index("reward")]), *completions):
+            assert needle in view, needle
     finally:
         ui.send_signal(signal.SIGTERM)  # `coopflow ui` stops its server (and the server's workers) on the way out
         ui.wait(timeout=60)

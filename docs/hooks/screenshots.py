@@ -7,7 +7,8 @@ What it does, in a fresh temporary data dir:
 1. starts a local Prefect server with its web UI (the one `coopflow serve` starts) and runs the quickstart
    (`coopflow run train-magrpo --config configs/magrpo-story.yaml`) against it;
 2. takes the Prefect UI's page of that flow run (its task runs on a timeline) -> `prefect-flow-run.png`;
-3. copies the run's reward curve (the `reward_curve.svg` artifact coopflow logs to MLflow) -> `reward-curve.svg`.
+3. starts `coopflow ui` over the data dir and takes the table view of the run's second segment of joint answers
+   (the `rollouts/segment_0002.json` artifact coopflow logs to MLflow) -> `mlflow-rollouts.png`.
 
 Screenshots come from headless Chromium (`--screenshot`, a fixed window, a virtual-time budget so the app's
 scripts finish). Nothing here runs in the test suite; the images are committed.
@@ -47,6 +48,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(REPO / "docs" / "images"))
     ap.add_argument("--prefect-port", type=int, default=4291)
+    ap.add_argument("--mlflow-port", type=int, default=5291)
     args = ap.parse_args()
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
@@ -86,13 +88,22 @@ def main() -> None:
         shoot(chromium, f"http://127.0.0.1:{args.prefect_port}/runs/flow-run/{flow_run}",
               out / "prefect-flow-run.png")
 
-        # --- 2. the run's reward curve, as coopflow logged it to MLflow
+        # --- 3. the run's joint answers, as the MLflow UI shows the table coopflow logged
         run_id = json.loads(summary.read_text())["mlflow_run_id"]
-        svg = next(data.glob(f"mlartifacts/**/{run_id}/artifacts/reward_curve.svg"), None)
-        if svg is None:
-            raise RuntimeError(f"run {run_id} logged no reward_curve.svg under {data / 'mlartifacts'}")
-        shutil.copy(svg, out / "reward-curve.svg")
-        print(f"wrote {out / 'reward-curve.svg'}")
+        ulog = data / "ui.log"
+        ui = subprocess.Popen([sys.executable, "-m", "coopflow.flows.cli", "ui", "--port", str(args.mlflow_port)],
+                              cwd=REPO, env=env, stdout=open(ulog, "w"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+        procs.append(ui)
+        base = f"http://127.0.0.1:{args.mlflow_port}"
+        t0 = time.time()
+        while f"MLflow UI: {base}" not in ulog.read_text():
+            if ui.poll() is not None or time.time() - t0 > 180:
+                raise RuntimeError(f"coopflow ui did not start; see {ulog}")
+            time.sleep(1)
+        exp = get_json(f"{base}/ajax-api/2.0/mlflow/experiments/get-by-name?experiment_name=coopflow")["experiment"]
+        shoot(chromium, f"{base}/#/experiments/{exp['experiment_id']}/runs/{run_id}/artifacts/rollouts/"
+                        "segment_0002.json", out / "mlflow-rollouts.png", size="1800,760")
     finally:
         for p in procs:
             try:

@@ -73,7 +73,17 @@ class TrackingConfig(_Strict):
     experiment: str = Field("coopflow", description="MLflow experiment name.")
     run_name: str | None = Field(None, description="MLflow run name; null = '<algorithm>-<config key>'.")
     tracking_uri: str | None = Field(None, description="MLflow URI; null = sqlite:///<data_dir>/mlflow.db.")
-    sample_rollouts: int = Field(16, ge=0, description="Rollout rows saved as a run artifact (JSON) per run.")
+    rollouts: Literal["all", "eval", "none"] | int = Field(
+        10, description="Joint answers logged to MLflow as tables (the run's Artifacts, rollouts/): all | N (every "
+                        "Nth update and the last) | eval (the evaluations' only) | none. The store keeps all of them "
+                        "whatever this says (coopflow show / export).")
+
+    @field_validator("rollouts")
+    @classmethod
+    def _every_n(cls, v):
+        if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+            raise ValueError("tracking.rollouts: give all, eval, none or a number of updates >= 1 (every Nth update)")
+        return v
 
 
 class SandboxConfig(_Strict):

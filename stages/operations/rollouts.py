@@ -149,11 +149,12 @@ def joint_rows(store: ArtifactStore, info: RunInfo, updates: list[int] | None = 
     for step in update_manifest(store, info):
         if updates is not None and step["update"] not in updates:
             continue
-        out += _update_rows(store, info.key, step)
+        out += update_rows(store, info.key, step)
     return out
 
 
-def _update_rows(store: ArtifactStore, run_key: str, step: dict) -> list[dict]:
+def update_rows(store: ArtifactStore, run_key: str, step: dict) -> list[dict]:
+    """The joint-answer rows (`COLUMNS`) of one update, from its `steps` manifest row."""
     refs = {kind: store.find(kind, step[col]) for kind, col in
             (("rollouts", "rollouts"), ("scores", "scores"), (step["signal_kind"], "signal"))}
     missing = [k for k, r in refs.items() if r is None]
@@ -195,8 +196,61 @@ def eval_rows(store: ArtifactStore, info: RunInfo) -> list[dict]:
         when = written_at(store, "eval", key)
         if when > best:
             newest, best = ref, when
-    if newest is None:
-        return []
-    return [{"run_key": info.key, "item_id": r["item_id"], "sample": r["sample"], "turn": r["turn"],
+    return [] if newest is None else eval_table_rows(store, newest, info.key)
+
+
+def eval_table_rows(store: ArtifactStore, ref, run_key: str) -> list[dict]:
+    """The rows (`EVAL_COLUMNS`) of the eval artifact `ref`."""
+    return [{"run_key": run_key, "item_id": r["item_id"], "sample": r["sample"], "turn": r["turn"],
              "agent": r["agent"], "prompt": r["prompt"], "completion": r["completion_text"], "reward": r["reward"]}
-            for r in store.read_rows(newest)]
+            for r in store.read_rows(ref)]
+
+
+# --- the same joint answers as tables a person reads (MLflow) -----------------------------------------
+
+
+def logged_updates(setting, updates: list[int], last_update: int) -> list[int]:
+    """Which of `updates` a `tracking.rollouts` setting logs: all, every Nth (and the run's last), none (eval/none)."""
+    if setting == "all":
+        return list(updates)
+    if isinstance(setting, int):
+        return [u for u in updates if u % setting == 0 or u == last_update]
+    return []
+
+
+def joint_table(rows: list[dict]) -> tuple[list[str], list[list]]:
+    """Joint-answer rows (`COLUMNS`) as one row per joint action, agents side by side: (columns, rows) with update,
+    item_id, reward, each agent's completion, each completion's advantage, then turn, joint, env_step and each
+    agent's prompt (what a reader looks at first comes first: the UI's table scrolls sideways)."""
+    agents = sorted({r["agent"] for r in rows})
+    cols = ["update", "item_id", "reward", *[f"agent_{a}" for a in agents], *[f"advantage_{a}" for a in agents],
+            "turn", "joint", "env_step", *[f"prompt_{a}" for a in agents]]
+    groups: dict[tuple, dict[int, dict]] = {}
+    for r in rows:
+        groups.setdefault((r["update"], r["turn"], r["node_id"], r["joint"]), {})[r["agent"]] = r
+    data = []
+    for key in sorted(groups):
+        g = groups[key]
+        r0 = next(iter(g.values()))
+        data.append([r0["update"], r0["item_id"], r0["reward"],
+                     *[g[a]["completion"] if a in g else None for a in agents],
+                     *[g[a]["advantage"] if a in g else None for a in agents],
+                     r0["turn"] + 1, r0["joint"], r0["env_step"], *[g[a]["prompt"] if a in g else None for a in agents]])
+    return cols, data
+
+
+def eval_table(rows: list[dict]) -> tuple[list[str], list[list]]:
+    """Evaluation rows (`EVAL_COLUMNS`) as one row per evaluated joint answer: item_id, sample, reward, each agent's
+    completion, turn and each agent's prompt."""
+    agents = sorted({r["agent"] for r in rows})
+    cols = ["item_id", "sample", "reward", *[f"agent_{a}" for a in agents], "turn", *[f"prompt_{a}" for a in agents]]
+    groups: dict[tuple, dict[int, dict]] = {}
+    for r in rows:
+        groups.setdefault((r["item_id"], r["sample"], r["turn"]), {})[r["agent"]] = r
+    data = []
+    for key in sorted(groups):
+        g = groups[key]
+        r0 = next(iter(g.values()))
+        data.append([r0["item_id"], r0["sample"], r0["reward"], *[g[a]["completion"] if a in g else None for a in agents],
+                     r0["turn"] + 1, *[g[a]["prompt"] if a in g else None for a in agents]])
+    return cols, data

@@ -145,7 +145,7 @@ NO_EFFECT: dict[str, str] = {
     "tracking.experiment": _TRACKING,
     "tracking.run_name": _TRACKING,
     "tracking.tracking_uri": _TRACKING,
-    "tracking.sample_rollouts": _TRACKING + " (sample rows copied to MLflow)",
+    "tracking.rollouts": _TRACKING + " (which joint answers are copied to MLflow as tables)",
     "data_dir": _STORE,
     "remote_store": _STORE,
     "remote_store_options": _STORE,
