@@ -409,11 +409,15 @@ class RunLog:
             return
         from coopflow.stages.operations import rollouts as RO
 
-        steps = self.store.read_rows(res.steps)
-        keep = set(RO.logged_updates(setting, [s["update"] for s in steps], ctx.plan.updates[-1].index))
-        rows = [r for s in steps if s["update"] in keep for r in RO.update_rows(self.store, ctx.run_key, s)]
-        if rows:
-            self.tracker.log_tables({f"rollouts/segment_{i + 1:04d}.json": RO.joint_table(rows)})
+        store, last, run_key = self.store, ctx.plan.updates[-1].index, ctx.run_key
+
+        def table() -> dict:  # (on the tracker's writer thread: reading the rows back never holds the run up)
+            steps = store.read_rows(res.steps)
+            keep = set(RO.logged_updates(setting, [s["update"] for s in steps], last))
+            rows = [r for s in steps if s["update"] in keep for r in RO.update_rows(store, run_key, s)]
+            return {f"rollouts/segment_{i + 1:04d}.json": RO.joint_table(rows)} if rows else {}
+
+        self.tracker.log_tables(table)
 
     def trained(self, trained: R.TrainResult) -> None:
         """The segments' lineage (manifests, rollouts, scores, learning signals), final checkpoint and totals."""
@@ -428,8 +432,8 @@ class RunLog:
         if self.tracker.enabled and self.cfg.tracking.rollouts != "none":
             from coopflow.stages.operations import rollouts as RO
 
-            rows = RO.eval_table_rows(self.store, ref, "")  # (the table has no run key column)
-            self.tracker.log_tables({f"rollouts/eval{'_before' if before else ''}.json": RO.eval_table(rows)})
+            store, name = self.store, f"rollouts/eval{'_before' if before else ''}.json"
+            self.tracker.log_tables(lambda: {name: RO.eval_table(RO.eval_table_rows(store, ref, ""))})
         if before:
             self.tracker.record("eval_before", ref)
             self._at_env_steps({k.removeprefix("eval/"): v for k, v in ev.items()}, "eval_before/", step=0)

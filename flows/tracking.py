@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -197,6 +198,7 @@ class Tracker:
         self._writer: ThreadPoolExecutor | None = None
         self._pending: list = []
         self._tables: list[dict] = []  # the run's table artifacts (the `mlflow.loggedArtifacts` tag)
+        self._tables_lock = threading.Lock()
         if not enabled:
             return
         from mlflow.tracking import MlflowClient
@@ -303,18 +305,32 @@ class Tracker:
 
         self._later(write, self.run_id)
 
-    def log_tables(self, tables: dict[str, tuple[list[str], list[list]]]) -> None:
+    def log_tables(self, tables) -> None:
         """Log tables {artifact path: (columns, rows)} as JSON artifacts the MLflow UI shows as sortable tables (the
         format of MLflow's `log_table`, listed in the run's `mlflow.loggedArtifacts` tag). A path logged again is
-        replaced, never appended to, so a resumed run logs each table once."""
-        if not self.enabled or not tables:
+        replaced, never appended to, so a resumed run logs each table once. `tables` may be a function returning
+        them: it then runs on the writer thread, behind the flow (reading the rows back costs ~10 ms an update)."""
+        if not self.enabled:
             return
-        self.log_files({path: {"columns": cols, "data": rows} for path, (cols, rows) in tables.items()})
-        known = {t["path"] for t in self._tables}
-        self._tables += [{"path": p, "type": "table"} for p in tables if p not in known]
-        value = json.dumps(self._tables)
-        if len(value) <= MAX_TAG_VALUE:  # (beyond it the tables stay readable as JSON files in the artifacts)
-            self.tag({"mlflow.loggedArtifacts": value})
+
+        def write(run_id: str) -> None:
+            made = tables() if callable(tables) else tables
+            if not made:
+                return
+            with tempfile.TemporaryDirectory() as tmp:
+                for path, (cols, rows) in made.items():
+                    p = Path(tmp) / path
+                    p.parent.mkdir(parents=True, exist_ok=True)
+                    p.write_text(json.dumps({"columns": cols, "data": rows}, default=str))
+                self.client.log_artifacts(run_id, tmp)
+            with self._tables_lock:
+                known = {t["path"] for t in self._tables}
+                self._tables += [{"path": p, "type": "table"} for p in made if p not in known]
+                value = json.dumps(self._tables)
+            if len(value) <= MAX_TAG_VALUE:  # (beyond it the tables stay readable as JSON files in the artifacts)
+                self.client.set_tag(run_id, "mlflow.loggedArtifacts", value)
+
+        self._later(write, self.run_id)
 
     def _later(self, fn, *args, **kwargs) -> None:
         """Run an MLflow write on the tracker's writer thread, in order, while the flow goes on (each write costs
