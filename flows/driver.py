@@ -402,10 +402,10 @@ class RunLog:
         self.tracker.record(f"checkpoint.segment_{i}", res.checkpoint)
 
     def rollout_tables(self, i: int, res: SegmentResult, ctx: C.RunContext) -> None:
-        """Segment i's joint answers as one MLflow table (`rollouts/segment_NNNN.json`), of the updates
-        `tracking.rollouts` selects."""
+        """Segment i's joint answers as one MLflow table (`rollouts/segment_NNNN.json`) of the updates
+        `tracking.rollouts` selects, and its periodic evaluations' (`rollouts/eval_update_NNNN.json`)."""
         setting = self.cfg.tracking.rollouts
-        if not self.tracker.enabled or setting in ("eval", "none") or res.steps is None:
+        if not self.tracker.enabled or setting == "none" or res.steps is None:
             return
         from coopflow.stages.operations import rollouts as RO
 
@@ -413,9 +413,17 @@ class RunLog:
 
         def table() -> dict:  # (on the tracker's writer thread: reading the rows back never holds the run up)
             steps = store.read_rows(res.steps)
+            out = {}
+            for s in steps:  # the segment's periodic evaluations (eval_interval), each before its update
+                ref = store.find("eval", K.periodic_eval_key(res.metrics.key, s["update"])) if res.metrics else None
+                if ref is not None:
+                    out[f"rollouts/eval_update_{s['update']:04d}.json"] = RO.eval_table(
+                        RO.eval_table_rows(store, ref, ""))
             keep = set(RO.logged_updates(setting, [s["update"] for s in steps], last))
             rows = [r for s in steps if s["update"] in keep for r in RO.update_rows(store, run_key, s)]
-            return {f"rollouts/segment_{i + 1:04d}.json": RO.joint_table(rows)} if rows else {}
+            if rows:
+                out[f"rollouts/segment_{i + 1:04d}.json"] = RO.joint_table(rows)
+            return out
 
         self.tracker.log_tables(table)
 

@@ -105,3 +105,30 @@ def test_an_unknown_run_is_refused_in_one_line_naming_the_runs(finished, capsys,
     assert not (tmp_path / "x.parquet").exists() and "nosuchrun" in capsys.readouterr().err
     assert main(["show", "--data-dir", str(tmp_path / "empty")]) == 2
     assert "no training run" in capsys.readouterr().err
+
+
+def test_mlflow_gets_the_selected_updates_and_every_evaluation_as_tables(tmp_path):
+    """tracking.rollouts 2 of a 4-update run with a periodic evaluation: tables of updates 0, 2 and the last (3),
+    the periodic evaluation's answers (stored beside the segment's metrics), and the final and before evaluations."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from coopflow.flows.driver import run_inline
+
+    cfg = validate_config(small_config(tmp_path, trainer={"num_train_epochs": 2, "eval_interval": 2},
+                                       tracking={"rollouts": 2}, eval_before=True))
+    out = run_inline(cfg, tracking=True)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = client.get_run(out["mlflow_run_id"])
+    tables = [t["path"] for t in json.loads(run.data.tags["mlflow.loggedArtifacts"])]
+    periodic = sorted(p for p in tables if "eval_update_" in p)
+    assert "rollouts/eval.json" in tables and "rollouts/eval_before.json" in tables and periodic
+    segs = [p for p in tables if "segment_" in p]
+    logged = set()
+    for p in segs:
+        t = json.loads(open(client.download_artifacts(run.info.run_id, p, str(tmp_path / "dl"))).read())
+        logged |= {row[t["columns"].index("update")] for row in t["data"]}
+    assert logged == {0, 2, 3}
+    t = json.loads(open(client.download_artifacts(run.info.run_id, periodic[0], str(tmp_path / "dl"))).read())
+    assert t["columns"][:4] == ["item_id", "sample", "reward", "agent_0"] and len(t["data"]) == 2  # eval_num_samples

@@ -33,7 +33,7 @@ from coopflow.stages.evaluate.evaluate import evaluate
 from coopflow.stages.loops import actor_critic as AC
 from coopflow.stages.planning.context import RunContext, formatters_for
 from coopflow.stages.planning.plan import Update
-from coopflow.stages.planning.keys import UpdateKeys, scores_key, update_keys
+from coopflow.stages.planning.keys import UpdateKeys, periodic_eval_key, scores_key, update_keys
 from coopflow.stages.rollout.tree import generate_tree
 from coopflow.stages.score.advantages import (advantage_stats, agent_reward, compute_advantages, joint_returns,
                                               local_reward_means, tree_children)
@@ -274,9 +274,12 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
             if mt.eval_interval and mt.eval_num_samples and any(i % mt.eval_interval == 0 for i in u.item_ids):
                 t0 = time.perf_counter()
                 ecaller, eproc, _ = ctx.eval_reward()
-                _, em = evaluate(pol, ctx.eval_items_used(), fmts, ctx.sampling, ecaller,
-                                 eproc, derive_seed(roll.seed, "eval", u.index), ctx.episode, ctx.eval_hooks,
-                                 samples=mt.eval_samples_per_item)
+                erows, em = evaluate(pol, ctx.eval_items_used(), fmts, ctx.sampling, ecaller,
+                                     eproc, derive_seed(roll.seed, "eval", u.index), ctx.episode, ctx.eval_hooks,
+                                     samples=mt.eval_samples_per_item)
+                # (its joint answers are kept beside the segment's metrics: MLflow's tables and `coopflow show` read them)
+                store.put_table("eval", periodic_eval_key(metrics_key, u.index), erows,
+                                meta={"checkpoint": policy_key, "update": u.index})
                 ctx.session.calls["evaluate"] += 1
                 timing["eval_s"] += time.perf_counter() - t0
                 metric_rows += [{"key": k, "value": v, "env_step": base} for k, v in em.items()]

@@ -119,6 +119,12 @@ def metrics_key(ctx: KeyContext, record_key: str) -> str:
     return f"{record_key}-m{m[:12]}"
 
 
+def periodic_eval_key(metrics_key: str, update: int) -> str:
+    """Key of the periodic evaluation (`eval_interval`) run before update `update`, stored beside the metrics of its
+    segment (the metrics key holds every setting of those evaluations; `coopflow gc` keeps it with the segment)."""
+    return f"{metrics_key}-e{update}"
+
+
 def eval_key(ctx: KeyContext, ckpt_key: str) -> str:
     """Key of the final evaluation artifact of a checkpoint."""
     return declared_key("eval", "eval", ctx.settings, {
