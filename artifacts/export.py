@@ -11,19 +11,24 @@ from typing import Any
 __all__ = ["export_json", "export_parquet", "export_dataset", "export_tree"]
 
 
-def export_json(path: str | os.PathLike, obj: Any) -> Path:
-    """Write `obj` as JSON to `path` atomically (parents created)."""
+def _atomic_file(path: str | os.PathLike, write) -> Path:
+    """Let `write(tmp_path)` fill a temp file beside `path` (parents created), then rename it over `path`."""
     p = Path(path).expanduser()
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1, default=str)
+        write(tmp)
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return p
+
+
+def export_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Write `obj` as JSON to `path` atomically (parents created)."""
+    return _atomic_file(path, lambda tmp: Path(tmp).write_text(json.dumps(obj, indent=1, default=str)))
 
 
 def export_parquet(path: str | os.PathLike, rows: list[dict], columns: tuple[str, ...]) -> Path:
@@ -31,19 +36,9 @@ def export_parquet(path: str | os.PathLike, rows: list[dict], columns: tuple[str
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    p = Path(path).expanduser()
-    p.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in rows]) if rows else \
         pa.table({c: pa.array([], pa.string()) for c in columns})
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table.select(list(columns)), tmp)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p
+    return _atomic_file(path, lambda tmp: pq.write_table(table.select(list(columns)), tmp))
 
 
 def export_dataset(path: str | os.PathLike, rows: list[dict], columns: tuple[str, ...]) -> Path:

@@ -174,22 +174,20 @@ def _dispatch(args) -> int:
 
 
 def _show(args) -> int:
-    from coopflow.flows.show import show
-    from coopflow.stages.operations.rollouts import UnknownRun
-
-    try:
-        return show(args)
-    except (UnknownRun, ValueError) as err:
-        print(f"coopflow: {err}", file=sys.stderr)
-        return 2
+    return _reading_a_run("show", args)
 
 
 def _export(args) -> int:
-    from coopflow.flows.show import export
+    return _reading_a_run("export", args)
+
+
+def _reading_a_run(command: str, args) -> int:
+    """`coopflow show` / `export`: an unknown run or a bad --update is one line (exit 2)."""
+    from coopflow.flows import show
     from coopflow.stages.operations.rollouts import UnknownRun
 
     try:
-        return export(args)
+        return getattr(show, command)(args)
     except (UnknownRun, ValueError) as err:
         print(f"coopflow: {err}", file=sys.stderr)
         return 2
