@@ -205,6 +205,11 @@ class ArtifactStore:
                                 f"(schema_version {ref.schema_version}, expected {SCHEMA_VERSION})")
         return table
 
+    def table_meta(self, ref: ArtifactRef) -> dict:
+        """The `meta` a table artifact was written with (`put_table`), from its file's schema alone: no rows read."""
+        raw = (pq.read_schema(self._local(ref) / "data.parquet").metadata or {}).get(b"coopflow_meta")
+        return json.loads(raw) if raw else {}
+
     def read_rows(self, ref: ArtifactRef) -> list[dict]:
         """Table artifact as a list of row dicts."""
         return self.read_table(ref).to_pylist()

@@ -531,6 +531,7 @@ def _rlhf(ctx: C.RunContext, runner: Runner, log: RunLog, pairs: ArtifactRef,
     log.metrics([{"key": k, "value": v, "env_step": 0} for k, v in rm_metrics.items()])
     log.summary["reward_model"] = {**rm_metrics, "artifact": str(ctx.store.open_dir(rm_ref))}
     rctx = P.rl_context(ctx, rm_ref)
+
     def on_segment(i: int, res: SegmentResult) -> None:
         log.metrics(res.metrics)
         log.rollout_tables(i, res, rctx)

@@ -1,7 +1,7 @@
 """`coopflow show` and `coopflow export`: a run's joint answers in the terminal or as one file.
 
-Both read the store only (`coopflow.stages.operations.rollouts`, which `coopflow.rollouts()` uses too, joins a run's rollouts, scores and advantages): no model, no
-config, no server. `show` prints one block per joint action: each agent's completion side by side, with the joint
+Both read the store only (`coopflow.stages.operations.rollouts` joins a run's rollouts, scores and advantages, as
+for `coopflow.rollouts()`): no model, no config, no server. `show` prints one block per joint action: each agent's completion side by side, with the joint
 reward and each completion's advantage; `--compare` puts one item's answers at the first and the last update side
 by side.
 """

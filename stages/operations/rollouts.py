@@ -9,7 +9,6 @@ action (`COLUMNS`): what each agent wrote, the reward the joint answer got and t
 agent's completion. The final evaluation of the run's checkpoint (an `eval` table) joins the same way.
 """
 
-import json
 from dataclasses import dataclass
 
 from coopflow.artifacts import ArtifactError, ArtifactStore
@@ -40,6 +39,7 @@ class RunInfo:
     updates: int
     env_steps: int
     segments: tuple[str, ...]  # the steps manifest key of every segment, in order
+    segment_ends: tuple[str, ...]  # the checkpoint (policy) key every segment ended at, in order
     written_at: float
 
 
@@ -54,7 +54,7 @@ def runs(store: ArtifactStore) -> list[RunInfo]:
         info = _info(store, key)
         if info is not None:
             found.append(info)
-    inner = {k for i in found for k in _segment_ends(store, i.key)[:-1]}
+    inner = {k for i in found for k in i.segment_ends[:-1]}
     return sorted((i for i in found if i.key not in inner), key=lambda i: -i.written_at)
 
 
@@ -111,21 +111,12 @@ def _info(store: ArtifactStore, key: str) -> RunInfo | None:
     ref = find_checkpoint(store, policy_key_of(key))
     if ref is None:
         return None
-    state = _state(store, ref)
+    state = CheckpointLayout(store.open_dir(ref, verify=False)).trainer_state()
     steps = state.get("segment_steps")
     if not steps:  # a preference run's checkpoint (MADPO, a round): no update manifests to join
         return None
     return RunInfo(policy_key_of(ref.key), int(state.get("update", 0)), int(state.get("env_step", 0)),
-                   tuple(steps), written_at(store, "checkpoint", ref.key))
-
-
-def _state(store: ArtifactStore, ref) -> dict:
-    return CheckpointLayout(store.open_dir(ref, verify=False)).trainer_state()
-
-
-def _segment_ends(store: ArtifactStore, key: str) -> list[str]:
-    ref = find_checkpoint(store, key)
-    return list(_state(store, ref).get("segment_keys", [])) if ref is not None else []
+                   tuple(steps), tuple(state.get("segment_keys", ())), written_at(store, "checkpoint", ref.key))
 
 
 # --- the joined tables --------------------------------------------------------------------------------
@@ -187,11 +178,7 @@ def eval_rows(store: ArtifactStore, info: RunInfo) -> list[dict]:
     newest, best = None, -1.0
     for _, key in store.artifacts("eval"):
         ref = store.find("eval", key)
-        if ref is None:
-            continue
-        meta = store.read_table(ref).schema.metadata or {}
-        raw = meta.get(b"coopflow_meta")
-        if raw is None or json.loads(raw).get("checkpoint") != info.key:
+        if ref is None or store.table_meta(ref).get("checkpoint") != info.key:
             continue
         when = written_at(store, "eval", key)
         if when > best:

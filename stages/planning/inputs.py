@@ -266,6 +266,12 @@ def _without(path: str, value: Any, left_out: set[str]) -> Any:
     return {k: _without(f"{path}.{k}", v, left_out) for k, v in value.items() if f"{path}.{k}" not in left_out}
 
 
+def has_field(cfg: BaseModel, path: str) -> bool:
+    """Whether config `cfg`'s models have field `path` (the trainer of one algorithm lacks another's fields; a field
+    under an optional section that is not set counts as present)."""
+    return _lookup(cfg, path)[0]
+
+
 def _lookup(obj: Any, path: str) -> tuple[bool, Any]:
     for name in path.split("."):
         if obj is None:  # an optional section that is not set (e.g. agents.lora: null): its fields are None

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel
 
-from coopflow.stages.planning.inputs import INPUTS, NO_EFFECT, covers, left_out_of, declared_values
+from coopflow.stages.planning.inputs import INPUTS, NO_EFFECT, covers, declared_values, has_field, left_out_of
 
 DERIVED: dict[str, tuple[str, ...]] = {
     "advantage_mode": ("trainer.advantage_mode", "algorithm"),
@@ -129,7 +129,7 @@ class Settings:
                 raise UndeclaredSetting(self._refusal(path) + " (a property or method of the config: list the "
                                         "fields it reads in settings.DERIVED)")
             return getattr(node, name)
-        missing = [d for d in deps if _has(self._root, d) and not self._readable(d)]
+        missing = [d for d in deps if has_field(self._root, d) and not self._readable(d)]
         if missing:
             raise UndeclaredSetting(self._refusal(path) + f": it is computed from {', '.join(missing)}")
         return getattr(node, name)
@@ -157,15 +157,6 @@ class Settings:
 
     def __repr__(self) -> str:
         return f"Settings({self._what}, {self._prefix or '<root>'})"
-
-
-def _has(root: BaseModel, path: str) -> bool:
-    obj: Any = root
-    for name in path.split("."):
-        if not isinstance(obj, BaseModel) or name not in type(obj).model_fields:
-            return False
-        obj = getattr(obj, name)
-    return True
 
 
 @dataclass(frozen=True, eq=False)
