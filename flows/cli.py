@@ -161,13 +161,16 @@ def _dispatch(args) -> int:
                 "flows": _flows, "models": _models, "verify": _verify, "gc": _gc, "ui": _ui,
                 "config-reference": _config_reference, "show": _show, "export": _export}[args.cmd](args)
     except KeyboardInterrupt:
+        _stop_own_server()
         print("interrupted; completed segments are checkpointed, rerun the same command to resume",
               file=sys.stderr)
         return 130
     except StoreFullError as err:  # one line: nothing is corrupted, only space is missing
+        _stop_own_server()
         print(f"coopflow: {err}", file=sys.stderr)
         return 4
     except ArtifactError as err:  # one line, with what to do, instead of a traceback
+        _stop_own_server()
         print(f"coopflow: {err}\n(run `coopflow verify --quarantine` to set every bad artifact aside; the next run "
               "recomputes them)", file=sys.stderr)
         return 3
@@ -403,6 +406,26 @@ def _tiny(args) -> int:
     return 0
 
 
+_OWN_SERVER: list = []
+"""The ephemeral Prefect server this process started (at most one), stopped before a failed command's last line."""
+
+
+def _stop_own_server() -> None:
+    """Stop the ephemeral server this process started, after Prefect's log handler has sent what it holds. Called
+    before a failed command prints its one line: the server is a subprocess writing to the same stderr, and
+    stopping it (otherwise at interpreter exit) can print a uvicorn/asyncio CancelledError traceback, which would
+    then come after, and bury, the line that says what to do."""
+    if not _OWN_SERVER:
+        return
+    try:
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.drain_all(timeout=5)  # the failed run's last log lines reach the server before it stops
+    except Exception:  # noqa: BLE001 - best effort: the run's state is already recorded
+        pass
+    _OWN_SERVER.pop().stop()
+
+
 def _boot_ephemeral_server():
     """Without a Prefect API URL, start Prefect's ephemeral server now, in a background thread, so that its
     10-30 s start-up (a uvicorn subprocess; schema migrations on a new data dir) overlaps this process's
@@ -423,6 +446,7 @@ def _boot_ephemeral_server():
     def boot() -> None:
         try:
             server = SubprocessASGIServer()
+            _OWN_SERVER.append(server)
             server.start()
             if server.server_process is not None:
                 reap_with_parent(server.server_process.pid)
@@ -540,6 +564,7 @@ def _run(args) -> int:
                                            rescore_from=args.rescore_from, show_progress=not args.no_progress,
                                            continue_run=args.continue_run)
     except (ConfigError, FileNotFoundError) as err:
+        _stop_own_server()
         print(f"coopflow: {err}", file=sys.stderr)
         return 2
     summary["wall_seconds"] = time.time() - t0

@@ -76,8 +76,13 @@ def test_deployment_run_completes(tmp_path, prefect_harness):
             have = {f"{flow_names.get(d.flow_id)}/{d.name}" for d in client.read_deployments()}
         return names <= have
 
+    log = tmp_path / "serve.log"  # what the served runner printed: shown when a run fails, so a failure says why
     serve = subprocess.Popen([sys.executable, "-m", "coopflow.flows.cli", "serve", "--name", "local"], env=env, cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                             stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+    def why() -> str:
+        return "\n--- serve log (tail) ---\n" + log.read_text(errors="replace")[-6000:]
+
     try:
         # While the server process starts: round 1 of each iterative experiment, run here in-process. Its
         # deployment run below must then add exactly one round (the 2nd), resuming from the store.
@@ -126,14 +131,14 @@ def test_deployment_run_completes(tmp_path, prefect_harness):
         run = subprocess.run([sys.executable, "-m", "prefect", "deployment", "run", "train-magrpo/local",
                               "--params", json.dumps(params), "--watch", "--watch-timeout", "400"],
                              env=env, capture_output=True, text=True, timeout=600)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:] + why()
         ckpts = [p for p in (tmp_path / "data" / "artifacts" / "checkpoint").iterdir() if not p.name.startswith(".")]
         assert len(ckpts) == 1 and (ckpts[0] / "agent_0" / "config.json").is_file()
 
         _wait(lambda: all(_state(rid).is_final() for rid in runs), 500, "the batch of deployment runs")
         for rid, what in runs.items():
             st = _state(rid)
-            assert st.type.value == "COMPLETED", (what, st.type.value, st.message)
+            assert st.type.value == "COMPLETED", f"{what}: {st.type.value} {st.message}{why()}"
         for algo, cfg in iterative.items():
             assert _completed_rounds(cfg, algo) == 2, algo
         assert all(check() for check in checks)
