@@ -62,11 +62,14 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--layers", type=int, default=2)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--vocab", type=int, default=384, help="tokenizer vocabulary size (heterogeneous-agent demos)")
-    s = sub.add_parser("serve", help="serve the flows as deployments '<flow>/<name>' on a local Prefect server")
-    s.add_argument("--name", default="local", help="deployment name (default: local)")
-    s.add_argument("--cron", help="schedule every deployment with this cron string")
-    s.add_argument("--interval", type=float, help="schedule every deployment every N seconds")
-    s.add_argument("--config", help="default config_path parameter of the deployments")
+    s = sub.add_parser("serve", help="serve deployments on a local Prefect server: one per CONFIG (its flow, named "
+                                     "after the file), or every flow as '<flow>/<name>' when no config is given")
+    s.add_argument("configs", nargs="*", metavar="CONFIG",
+                   help="config files to serve, each as deployment '<its flow>/<file name>' (e.g. "
+                        "configs/madpo-iter-story.yaml -> train-madpo-iter/story, one round per run)")
+    s.add_argument("--name", default="local", help="deployment name when no config is given (default: local)")
+    s.add_argument("--cron", help="schedule each config's deployment with this cron string (needs CONFIG)")
+    s.add_argument("--interval", type=float, help="schedule each config's deployment every N seconds (needs CONFIG)")
     s.add_argument("--port", type=int, default=4200)
     s.add_argument("--no-ui", action="store_true", help="start the local Prefect server without its web UI")
     s.add_argument("--keep-server", action="store_true",
@@ -74,11 +77,12 @@ def _parser() -> argparse.ArgumentParser:
                         "serve` of this data dir reuses it); by default it stops with the command")
     d = sub.add_parser("deploy", help="register the flows as deployments '<flow>/<name>' on a Prefect work pool "
                                       "(needs PREFECT_API_URL; workers: prefect worker start --pool POOL)")
+    d.add_argument("configs", nargs="*", metavar="CONFIG",
+                   help="config files to deploy, each as '<its flow>/<file name>' (default: every flow, no config)")
     d.add_argument("--pool", required=True, help="work pool (created as a 'process' pool when missing)")
-    d.add_argument("--name", default="pool", help="deployment name (default: pool)")
-    d.add_argument("--cron", help="schedule every deployment with this cron string")
-    d.add_argument("--interval", type=float, help="schedule every deployment every N seconds")
-    d.add_argument("--config", help="default config_path parameter of the deployments")
+    d.add_argument("--name", default="pool", help="deployment name when no config is given (default: pool)")
+    d.add_argument("--cron", help="schedule each config's deployment with this cron string (needs CONFIG)")
+    d.add_argument("--interval", type=float, help="schedule each config's deployment every N seconds (needs CONFIG)")
     d.add_argument("--source", help="where workers load the flows from (default: this checkout's directory)")
     ml_ = sub.add_parser("merge-lora", help="export a LoRA checkpoint's agents as full HF model dirs (base + "
                                             "adapter merged): OUT/agent_i")
@@ -760,6 +764,9 @@ def _serve(args) -> int:
     from coopflow.flows.env import configure
 
     configure()
+    served = _deployment_plan(args)  # every config checked before a server starts
+    if served is None:
+        return 2
     # served runs share this machine: each derives its torch threads from the CPUs // the runs at once
     os.environ.setdefault("COOPFLOW_CONCURRENT_RUNS", os.environ.get("PREFECT_RUNNER_PROCESS_LIMIT", "5"))
     import signal
@@ -794,11 +801,12 @@ def _serve(args) -> int:
 
         if not args.no_ui:
             print(f"Prefect UI: {url.removesuffix('/api')} (flow runs, deployments, logs)", file=sys.stderr)
-        print(f"serving deployments on {url}; in another shell:\n"
-              f"  export PREFECT_API_URL={url}\n"
-              f"  prefect deployment run 'train-magrpo/{args.name}' --params '{{\"config_path\": \"...\"}}' --watch",
-              file=sys.stderr)
-        serve_all(args.name, cron=args.cron, interval=args.interval, config_path=args.config)
+        _say_plan(served, args, f"serving deployments on {url}")
+        first = served[0]
+        how = "" if first.parameters.get("config_path") else " --params '{\"config_path\": \"/abs/path/config.yaml\"}'"
+        print(f"run one now, in another shell:\n  export PREFECT_API_URL={url}\n"
+              f"  prefect deployment run '{first.full_name}'{how} --watch", file=sys.stderr)
+        serve_all(served, cron=args.cron, interval=args.interval)
         # serving only ends on a signal: once Prefect's runner is up it catches Ctrl-C / SIGTERM itself, shuts down
         # and returns here (before that, the KeyboardInterrupt reaches the handler below); both end the same way
         raise KeyboardInterrupt
@@ -816,6 +824,34 @@ def _serve(args) -> int:
     return 0
 
 
+def _deployment_plan(args) -> list | None:
+    """The deployments `serve` / `deploy` create (`flows.serve.plan`), or None after one line saying what is wrong:
+    a schedule without a config, a config its flow refuses or that fails the pre-flight, a bad cron string."""
+    from coopflow.flows.serve import check_cron, plan
+    from coopflow.schemas.config import ConfigError
+
+    try:
+        if args.cron and args.interval is not None:
+            raise ConfigError("give --cron or --interval, not both")
+        if args.interval is not None and not args.interval > 0:
+            raise ConfigError(f"--interval {args.interval:g}: a positive number of seconds")
+        check_cron(args.cron)
+        # serve runs here: the same checks a run makes first; deploy's workers may have another data dir / packages
+        return plan(args.configs, args.name, args.cron, args.interval, preflight=args.cmd == "serve")
+    except ConfigError as err:
+        print(f"coopflow {args.cmd}: {err}", file=sys.stderr)
+        return None
+
+
+def _say_plan(served: list, args, where: str) -> None:
+    when = f", cron '{args.cron}'" if args.cron else f", every {args.interval:g} s" if args.interval else ""
+    print(f"{where}: " + ", ".join(s.full_name for s in served) + when, file=sys.stderr)
+    for s in served:
+        if s.parameters.get("config_path"):
+            rounds = " (one round per run)" if s.parameters.get("max_new_rounds") else ""
+            print(f"  {s.full_name}: {s.parameters['config_path']}{rounds}", file=sys.stderr)
+
+
 def _merge_lora(args) -> int:
     from coopflow.stages.agents.lora import merge_checkpoint
 
@@ -829,6 +865,9 @@ def _merge_lora(args) -> int:
 
 
 def _deploy(args) -> int:
+    served = _deployment_plan(args)
+    if served is None:
+        return 2
     if not os.environ.get("PREFECT_API_URL"):
         print("coopflow: deploy needs a Prefect server that workers reach: set PREFECT_API_URL (e.g. "
               "http://HOST:4200/api of `prefect server start --host 0.0.0.0`)", file=sys.stderr)
@@ -846,7 +885,7 @@ def _deploy(args) -> int:
 
             client.create_work_pool(WorkPoolCreate(name=args.pool, type="process"))
             print(f"created process work pool {args.pool!r}", file=sys.stderr)
-    for name in deploy_all(args.pool, args.name, args.cron, args.interval, args.config, args.source):
+    for name in deploy_all(args.pool, served, args.cron, args.interval, args.source):
         print(name)
     print(f"start workers on any machine that sees this checkout and the data dir:\n"
           f"  PREFECT_API_URL={os.environ['PREFECT_API_URL']} COOPFLOW_HOME=/shared/coopflow "

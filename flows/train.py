@@ -32,7 +32,7 @@ from prefect.utilities.annotations import quote
 from coopflow.artifacts import ArtifactError, ArtifactStore
 from coopflow.flows import driver as D
 from coopflow.flows.driver import STAGES  # noqa: F401  (the stages a run can be limited to)
-from coopflow.schemas.config import ConfigError, load_config
+from coopflow.schemas.config import ConfigError, RunConfig, load_config
 from coopflow.stages.planning import context as C
 
 # Every flow here: prints logged, results returned in memory and never persisted (the artifact store holds what a run
@@ -105,12 +105,25 @@ def prefect_runner() -> D.Runner:
 # --- the flow bodies: a config, then the driver with the Prefect runner ---------------------------
 
 
+def flow_config(flow_name: str, config: dict | None = None, config_path: str | None = None,
+                overrides: dict[str, Any] | list[str] | None = None) -> RunConfig:
+    """The config of a run of flow `flow_name`, validated exactly as that flow loads it (file, then the inline
+    `config` merged over it, then `overrides`); `coopflow serve` checks a config with it before serving."""
+    if flow_name == "train-magrpo-centralized":  # train-magrpo with collaboration_mode forced centralized
+        if isinstance(overrides, list):
+            overrides = [*overrides, "trainer.collaboration_mode=centralized"]
+        else:
+            overrides = {**(overrides or {}), "trainer.collaboration_mode": "centralized"}
+    algorithm = "magrpo" if flow_name == "train-magrpo-centralized" else flow_name.removeprefix("train-")
+    return load_config(config_path, overrides, algorithm=algorithm, base=config)
+
+
 def run_training(algorithm: str, config: dict | None = None, config_path: str | None = None,
                  overrides: dict[str, Any] | list[str] | None = None, stages: list[str] | None = None,
                  refresh: list[str] | None = None, rescore_from: str | None = None,
                  show_progress: bool = False, continue_run: str | None = None) -> dict:
     """Validate the config and run the training pipeline (`flows.driver.train`); returns the run summary."""
-    cfg = load_config(config_path, overrides, algorithm=algorithm, base=config)
+    cfg = flow_config(f"train-{algorithm}", config, config_path, overrides)
     return D.train(cfg, prefect_runner(), stages, refresh, rescore_from, show_progress, continue_run)
 
 
@@ -123,7 +136,7 @@ def _no_pref_option(rescore_from, continue_run, algorithm: str) -> None:
 def run_preference(algorithm: str, config: dict | None, config_path: str | None, overrides, stages, refresh,
                    show_progress: bool) -> dict:
     """MADPO / MARLHF (`flows.driver.preference`)."""
-    cfg = load_config(config_path, overrides, algorithm=algorithm, base=config)
+    cfg = flow_config(f"train-{algorithm}", config, config_path, overrides)
     return D.preference(cfg, prefect_runner(), stages, refresh, show_progress)
 
 
@@ -131,7 +144,7 @@ def run_iterative(algorithm: str, config: dict | None, config_path: str | None,
                   overrides: dict[str, Any] | list[str] | None, max_new_rounds: int | None,
                   show_progress: bool = False) -> dict:
     """The rounds of an iterative experiment (`flows.driver.iterative`)."""
-    cfg = load_config(config_path, overrides, algorithm=algorithm, base=config)
+    cfg = flow_config(f"train-{algorithm}", config, config_path, overrides)
     return D.iterative(cfg, prefect_runner(), max_new_rounds, show_progress)
 
 
@@ -176,13 +189,8 @@ def train_magrpo_centralized(config: dict | None = None, config_path: str | None
                              show_progress: bool = False, continue_run: str | None = None) -> dict:
     """Centralized MAGRPO: one joint actor writes every role's output (train-magrpo with collaboration_mode
     centralized)."""
-    forced = {"trainer.collaboration_mode": "centralized"}
-    if isinstance(overrides, list):
-        overrides = [*overrides, "trainer.collaboration_mode=centralized"]
-    else:
-        overrides = {**(overrides or {}), **forced}
-    return run_training("magrpo", config, config_path, overrides, stages, refresh, rescore_from, show_progress,
-                        continue_run)
+    cfg = flow_config("train-magrpo-centralized", config, config_path, overrides)
+    return D.train(cfg, prefect_runner(), stages, refresh, rescore_from, show_progress, continue_run)
 
 
 @flow(name="train-madpo", flow_run_name=_run_name, **FLOW_OPTIONS)

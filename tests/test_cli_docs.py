@@ -66,18 +66,3 @@ def test_shipped_config_works_with_every_flow():
         r = _cli("validate", "--config", "configs/magrpo-story.yaml", "--algorithm", algo)
         assert r.returncode == 0, r.stderr
         assert f'"algorithm": "{algo}"' in r.stdout
-
-
-def test_every_shipped_config_validates_for_its_flow():
-    from coopflow.schemas.config import load_config
-
-    algo = {"magrpo-story": "magrpo", "magrpo-multiturn": "magrpo", "iac-story": "iac", "maac-story": "maac",
-            "madpo-story": "madpo", "marlhf-story": "marlhf", "madpo-iter-story": "madpo-iter",
-            "marlhf-iter-story": "marlhf-iter", "magrpo-humaneval": "magrpo", "magrpo-tldr": "magrpo",
-            "magrpo-arxiv": "magrpo", "magrpo-bfcl": "magrpo",
-            "magrpo-gsm8k": "magrpo", "magrpo-completion": "magrpo",
-            "magrpo-travel": "magrpo", "magrpo-centralized-tldr": "magrpo", "at-grpo-multiturn": "magrpo"}
-    shipped = sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))
-    assert set(shipped) <= set(algo), f"add the new config to this test: {set(shipped) - set(algo)}"
-    for name in shipped:
-        assert load_config(REPO / "configs" / f"{name}.yaml", algorithm=algo[name]).algorithm == algo[name]

@@ -3,21 +3,106 @@
 from datetime import timedelta
 
 
-def test_deployments_names_schedules_and_defaults():
-    from coopflow.flows.serve import deployments
+REPO_CONFIGS = __import__("pathlib").Path(__file__).resolve().parents[1] / "configs"
 
-    deps = deployments("nightly", cron="0 3 * * *", config_path="/abs/configs/magrpo-story.yaml")
-    assert sorted(d.name for d in deps) == ["nightly"] * 11
-    assert {d.flow_name for d in deps} == {"train-magrpo", "train-magrpo-centralized", "train-mareinforce", "train-marloo", "train-maremax",
-                                                 "train-iac", "train-maac", "train-madpo", "train-marlhf",
-                                                 "train-madpo-iter", "train-marlhf-iter"}
-    for d in deps:
-        extra = {"max_new_rounds": 1} if d.flow_name.endswith("-iter") else {}  # one round per scheduled run
-        assert d.parameters == {"config_path": "/abs/configs/magrpo-story.yaml", **extra}
-        assert [s.schedule.cron for s in d.schedules] == ["0 3 * * *"]
-    every = deployments("local", interval=3600)
-    assert all(s.schedule.interval == timedelta(hours=1) for d in every for s in d.schedules)
-    assert all(not d.schedules for d in deployments("local"))
+
+def test_no_config_serves_every_flow_unscheduled_and_a_schedule_needs_a_config():
+    import pytest
+
+    from coopflow.flows.serve import deployments, plan
+    from coopflow.flows.train import FLOWS
+    from coopflow.schemas.config import ConfigError
+
+    served = plan(None, "local")
+    assert [s.full_name for s in served] == [f"{f}/local" for f in FLOWS]
+    for d in deployments(served):
+        extra = {"max_new_rounds": 1} if d.flow_name.endswith("-iter") else {}  # one round per run
+        assert d.parameters == extra and not d.schedules
+    for kw in ({"cron": "0 3 * * *"}, {"interval": 60.0}):  # a schedule would run every flow's defaults each tick
+        with pytest.raises(ConfigError, match="a schedule needs the config it runs"):
+            plan(None, "local", **kw)
+
+
+def test_a_config_names_its_deployment_flow_and_schedule():
+    from coopflow.flows.serve import deployments, plan
+
+    served = plan([str(REPO_CONFIGS / "madpo-iter-story.yaml"), str(REPO_CONFIGS / "magrpo-story.yaml"),
+                   str(REPO_CONFIGS / "magrpo-centralized-tldr.yaml")], preflight=False)
+    assert [s.full_name for s in served] == ["train-madpo-iter/story", "train-magrpo/story",
+                                             "train-magrpo-centralized/tldr"]
+    assert served[0].parameters == {"config_path": str(REPO_CONFIGS / "madpo-iter-story.yaml"), "max_new_rounds": 1}
+    assert served[1].parameters == {"config_path": str(REPO_CONFIGS / "magrpo-story.yaml")}
+    deps = deployments(served, cron="0 3 * * *")
+    assert [(d.flow_name, d.name) for d in deps] == [tuple(s.full_name.split("/")) for s in served]
+    assert all([s.schedule.cron for s in d.schedules] == ["0 3 * * *"] for d in deps)
+    every = deployments(served[:1], interval=3600)
+    assert [s.schedule.interval for s in every[0].schedules] == [timedelta(hours=1)]
+
+
+def test_every_shipped_config_names_the_flow_it_is_for():
+    from coopflow.flows.serve import flow_of, from_config
+    from coopflow.schemas.config.loading import read_config_file
+
+    flows = {"iac-story": "train-iac", "maac-story": "train-maac", "madpo-story": "train-madpo",
+             "marlhf-story": "train-marlhf", "madpo-iter-story": "train-madpo-iter",
+             "marlhf-iter-story": "train-marlhf-iter", "magrpo-centralized-tldr": "train-magrpo-centralized"}
+    shipped = sorted(REPO_CONFIGS.glob("*.yaml"))
+    assert len(shipped) >= 17
+    for p in shipped:
+        want = flows.get(p.stem, "train-magrpo")  # the rest: the MAGRPO family's default flow
+        assert flow_of(read_config_file(p)) == want, p.name
+        assert from_config(p, preflight=False).flow == want  # and it loads as that flow loads it
+
+
+def test_a_config_its_flow_refuses_is_refused_in_one_line(tmp_path):
+    import pytest
+
+    from coopflow.flows.serve import plan
+    from coopflow.schemas.config import ConfigError
+
+    bad = tmp_path / "magrpo-dpo.yaml"
+    bad.write_text("trainer:\n  dpo_beta: 0.1\n")  # a MADPO key; no algorithm: so the flow is train-magrpo
+    with pytest.raises(ConfigError) as err:
+        plan([str(bad)], cron="0 3 * * *", preflight=False)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("magrpo-dpo.yaml (train-magrpo): ") and "dpo_beta" in msg
+    assert "names no `algorithm:`" in msg
+    other = tmp_path / "x.yaml"
+    other.write_text("algorithm: magrpo-turbo\n")
+    with pytest.raises(ConfigError, match="'magrpo-turbo' is no flow"):
+        plan([str(other)])
+    a, b = tmp_path / "a", tmp_path / "b"  # two files that would be the same deployment
+    for d in (a, b):
+        d.mkdir()
+        (d / "magrpo-story.yaml").write_text((REPO_CONFIGS / "magrpo-story.yaml").read_text())
+    with pytest.raises(ConfigError, match="would both be deployment train-magrpo/story"):
+        plan([str(a / "magrpo-story.yaml"), str(b / "magrpo-story.yaml")], preflight=False)
+
+
+def test_serve_refuses_before_starting_anything(tmp_path):
+    """`coopflow serve` with a schedule and no config, a bad cron string, or a config its flow refuses: exit 2 and
+    one line, in seconds, before any Prefect server starts."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    bad = tmp_path / "magrpo-dpo.yaml"
+    bad.write_text("trainer:\n  dpo_beta: 0.1\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "PREFECT_HOME")}
+    env["COOPFLOW_HOME"] = str(tmp_path / "home")
+    for extra, says in ((["--cron", "0 3 * * *"], "a schedule needs the config it runs"),
+                        ([str(REPO_CONFIGS / "magrpo-story.yaml"), "--cron", "every night"], "is not a cron string"),
+                        ([str(bad), "--interval", "60"], "dpo_beta"),
+                        ([str(REPO_CONFIGS / "magrpo-story.yaml"), "--cron", "0 3 * * *", "--interval", "60"],
+                         "not both")):
+        t0 = time.time()
+        r = subprocess.run([sys.executable, "-m", "coopflow.flows.cli", "serve", "--no-ui", "--port", "1", *extra],
+                           env=env, capture_output=True, text=True, timeout=120)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("coopflow serve: "), r.stderr
+        assert says in lines[0] and time.time() - t0 < 60
+    assert not (tmp_path / "home" / "prefect" / "server.json").exists()
 
 
 def test_the_cli_knows_every_flow():
@@ -247,3 +332,84 @@ def test_two_data_dirs_never_share_a_prefect_server(tmp_path):
             pass
         for f in files:
             f.close()
+
+
+@pytest.mark.slow
+def test_two_served_configs_run_on_their_schedule_and_nothing_else_runs(tmp_path):
+    """`coopflow serve A.yaml B.yaml --interval 20` on a real server: exactly the two deployments exist, each tick
+    of each schedule becomes a run of that config, every run that ran completed, and each run of the iterative
+    config added exactly one round (runs overlap: a run takes longer than the interval here)."""
+    import json
+    import os
+    import signal
+    import time
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tests.conftest import small_config
+    from tests.test_deployment import _completed_rounds
+
+    a = tmp_path / "magrpo-tiny.yaml"
+    a.write_text(json.dumps(small_config(tmp_path / "data-a")))  # JSON is YAML
+    it = small_config(tmp_path / "data-b")
+    it["algorithm"] = "madpo-iter"
+    it["trainer"] = {"num_iterations": 20, "max_new_tokens": 8, "preference_num_candidates": 4,
+                     "num_train_epochs": 1, "eval_num_samples": 2, "temperature": 1.0}
+    b = tmp_path / "madpo-iter-tiny.yaml"
+    b.write_text(json.dumps(it))
+    port = _free_port()
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log:
+        p = _serve(tmp_path / "home", port, log, str(a), str(b), "--interval", "20")
+        try:
+            rec = _wait_for_record(tmp_path / "home", p, log_path)
+            text = log_path.read_text()
+            assert "train-magrpo/tiny, train-madpo-iter/tiny, every 20 s" in text, text[-2000:]
+
+            def runs() -> dict[str, list]:
+                with temporary_settings(updates={PREFECT_API_URL: rec["url"]}):
+                    with get_client(sync_client=True) as client:
+                        names = {d.id: f"{client.read_flow(d.flow_id).name}/{d.name}" for d in client.read_deployments()}
+                        out: dict[str, list] = {n: [] for n in names.values()}
+                        started = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(
+                            any_=[t for t in StateType if t not in (StateType.SCHEDULED, StateType.PENDING)])))
+                        for r in client.read_flow_runs(flow_run_filter=started, limit=200):  # not the ~100 ahead
+                            if r.parent_task_run_id is not None:  # a round's subflow run, inside its flow run
+                                continue
+                            out.setdefault(names.get(r.deployment_id, f"no deployment: {r.name}"), []).append(r)
+                return out
+
+            def done(n: int) -> bool:
+                now = runs()
+                for rs in now.values():  # a run that ended did so completed (read while waiting: fail fast)
+                    bad = [(r.name, r.state.type.value, r.state.message) for r in rs
+                           if r.state.is_final() and r.state.type.value != "COMPLETED"]
+                    assert not bad, f"{bad}\n{log_path.read_text()[-4000:]}"
+                return len(now) >= 2 and all(sum(r.state.is_completed() for r in rs) >= n for rs in now.values())
+
+            t0 = time.time()
+            while not done(2):
+                assert time.time() - t0 < 600 and p.poll() is None, log_path.read_text()[-4000:]
+                time.sleep(3)
+            final = runs()
+            assert set(final) == {"train-magrpo/tiny", "train-madpo-iter/tiny"}  # no other flow, no run without one
+            for name, rs in final.items():
+                assert all(r.parameters["config_path"] == str(a if "magrpo" in name else b) for r in rs)
+                starts = sorted(r.expected_start_time for r in rs)
+                gaps = {round((y - x).total_seconds()) for x, y in zip(starts, starts[1:])}
+                assert all(g > 0 and g % 20 == 0 for g in gaps), (name, gaps)  # at most one run per tick
+            its = final["train-madpo-iter/tiny"]  # (the runs the server scheduled ahead are left out)
+            completed = sum(r.state.is_completed() for r in its)
+            running = sum(r.state.is_running() for r in its)
+            # each completed run added one round (overlapping runs never share one); a running run may have too
+            assert completed <= _completed_rounds(it, "madpo-iter") <= completed + running
+        finally:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=120)
+                except Exception:  # noqa: BLE001
+                    os.killpg(p.pid, signal.SIGKILL)

@@ -361,17 +361,20 @@ def run_rounds(ctx: RunContext, max_new_rounds: int | None = None, run_new_round
     """The round loop: every round of the experiment in order, stored ones read back, at most
     `max_new_rounds` new ones (a scheduled run passes 1). `run_new_round(ctx, r)` runs a round that is
     not stored (default `run_round`; a flow passes its round subflow); `on_round(r, result)` is called
-    after each newly run round."""
+    after each newly run round. A round stored meanwhile by an overlapping run of the same experiment (it held
+    the round's lock) counts as stored, not new: this run then goes on to the round after it."""
     keys = round_keys(ctx)
     out, new = [], 0
     for r in range(1, len(keys) + 1):
         stored = ctx.store.find("checkpoint", keys[r - 1]) is not None
         if not stored and max_new_rounds is not None and new >= max_new_rounds:
             break
-        if stored or run_new_round is None:
-            res = run_round(ctx, r, show_progress)
-        else:
-            res = run_new_round(ctx, r)
+        if stored:
+            res = run_round(ctx, r, show_progress)  # read back
+        else:  # one process computes a round: an overlapping run of the experiment waits, then reads it back
+            with ctx.store.lock(f"round-{keys[r - 1]}", [keys[r - 1]]):
+                done = ctx.store.find("checkpoint", keys[r - 1]) is not None
+                res = run_round(ctx, r, show_progress) if done or run_new_round is None else run_new_round(ctx, r)
         if not res["cached"]:
             new += 1
             if on_round is not None:
