@@ -15,3 +15,19 @@ from coopflow.stages.tasks.envs.arxiv import (  # noqa: F401
     eval_logger,
     eval_aggregator,
 )
+
+from coopflow.schemas.config.environment import Environment  # noqa: E402
+
+Arxiv = Environment(
+    name="arxiv",
+    description="arXiv introductions: background and motivation; method and implications.",
+    taskset="arxiv-mini",
+    reward="coopflow.envs.arxiv:arxiv_reward",
+    formatters=[
+        {"function": "coopflow.envs.arxiv:background_prompt", "chat_template": True},
+        {"function": "coopflow.envs.arxiv:method_prompt", "chat_template": True},
+    ],
+    eval_logger="coopflow.envs.arxiv:eval_logger",
+    eval_aggregator="coopflow.envs.arxiv:eval_aggregator",
+)
+"""`env: arxiv`."""

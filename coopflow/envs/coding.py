@@ -28,3 +28,19 @@ from coopflow.stages.tasks.envs.coding import (  # noqa: F401
     pass_at_k,
     eval_aggregator,
 )
+
+from coopflow.schemas.config.environment import Environment  # noqa: E402
+
+HumanEval = Environment(
+    name="humaneval",
+    description="HumanEval: a helper function and the main function, tested in the sandbox.",
+    taskset="humaneval",
+    reward="coopflow.envs.coding:humaneval_reward",
+    formatters=[
+        {"function": "coopflow.envs.coding:helper_prompt", "chat_template": True},
+        {"function": "coopflow.envs.coding:main_prompt", "chat_template": True},
+    ],
+    eval_logger="coopflow.envs.coding:eval_logger",
+    eval_aggregator="coopflow.envs.coding:eval_aggregator",
+)
+"""`env: humaneval`."""

@@ -18,3 +18,19 @@ from coopflow.stages.tasks.envs.completion import (  # noqa: F401
     eval_logger,
     eval_aggregator,
 )
+
+from coopflow.schemas.config.environment import Environment  # noqa: E402
+
+Completion = Environment(
+    name="completion",
+    description="Code completion: each agent completes its own stubs of one module.",
+    taskset="completion-humaneval",
+    reward="coopflow.envs.completion:completion_reward",
+    formatters=[
+        {"function": "coopflow.envs.completion:first_part_prompt", "chat_template": True},
+        {"function": "coopflow.envs.completion:second_part_prompt", "chat_template": True},
+    ],
+    eval_logger="coopflow.envs.completion:eval_logger",
+    eval_aggregator="coopflow.envs.completion:eval_aggregator",
+)
+"""`env: completion`."""

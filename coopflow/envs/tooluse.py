@@ -19,3 +19,19 @@ from coopflow.stages.tasks.envs.tooluse import (  # noqa: F401
     eval_logger,
     eval_aggregator,
 )
+
+from coopflow.schemas.config.environment import Environment  # noqa: E402
+
+BFCL = Environment(
+    name="bfcl",
+    description="Tool use (BFCL v4): a planner and an executor write the function calls.",
+    taskset="bfcl",
+    reward="coopflow.envs.tooluse:bfcl_reward",
+    formatters=[
+        {"function": "coopflow.envs.tooluse:planner_prompt", "chat_template": True},
+        {"function": "coopflow.envs.tooluse:executor_prompt", "chat_template": True},
+    ],
+    eval_logger="coopflow.envs.tooluse:eval_logger",
+    eval_aggregator="coopflow.envs.tooluse:eval_aggregator",
+)
+"""`env: bfcl`."""

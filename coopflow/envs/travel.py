@@ -20,3 +20,20 @@ from coopflow.stages.tasks.envs.travel import (  # noqa: F401
     eval_logger,
     eval_aggregator,
 )
+
+from coopflow.schemas.config.environment import Environment  # noqa: E402
+
+Travel = Environment(
+    name="travel",
+    description="Travel booking against a simulator: a planner and an executor, over turns.",
+    taskset="travel-bfcl",
+    reward="coopflow.envs.travel:travel_reward",
+    formatters=[
+        {"function": "coopflow.envs.travel:planner_prompt", "chat_template": True},
+        {"function": "coopflow.envs.travel:executor_prompt", "chat_template": True},
+    ],
+    transition="coopflow.envs.travel:travel_feedback",
+    eval_logger="coopflow.envs.travel:eval_logger",
+    eval_aggregator="coopflow.envs.travel:eval_aggregator",
+)
+"""`env: travel`."""

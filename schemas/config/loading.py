@@ -60,7 +60,9 @@ def format_validation_error(err: ValidationError) -> str:
 
 def validate_config(data: dict, algorithm: str | None = None) -> RunConfig:
     """Validate a config dict; raises ConfigError naming the field."""
-    data = dict(data)
+    from coopflow.schemas.config.environment import expand_environment
+
+    data = expand_environment(dict(data))  # `env:` first: the config's own values win over the environment's
     if algorithm is not None:
         if data.get("algorithm") not in (None, algorithm):
             raise ConfigError(f"algorithm: config says {data['algorithm']!r} but the flow is train-{algorithm}")

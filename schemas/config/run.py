@@ -100,6 +100,10 @@ class RunConfig(_Strict):
 
     algorithm: Literal["magrpo", "mareinforce", "marloo", "maremax"] = Field(
         "magrpo", description="Which MAGRPO-family algorithm (sets the default advantage_mode).")
+    env: str | None = Field(
+        None, description="An environment filling taskset, reward, formatters, transition and eval hooks: a shipped "
+                          "name (humaneval, gsm8k, ...), or an import path (pkg.module:Name); the config's own "
+                          "sections win. null = the sections as written.")
     agents: AgentsConfig = Field(default_factory=lambda: AgentsConfig(agent_model="tiny"),
                                  description="The agents.")
     taskset: TasksetConfig = Field(default_factory=TasksetConfig, description="The task items.")

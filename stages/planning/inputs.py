@@ -146,6 +146,8 @@ NO_EFFECT: dict[str, str] = {
     "tracking.run_name": _TRACKING,
     "tracking.tracking_uri": _TRACKING,
     "tracking.rollouts": _TRACKING + " (which joint answers are copied to MLflow as tables)",
+    "env": "names where taskset, reward, formatters, transition and eval hooks came from; those parts, expanded "
+           "into the config before validation, are the inputs",
     "data_dir": _STORE,
     "remote_store": _STORE,
     "remote_store_options": _STORE,
