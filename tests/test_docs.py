@@ -27,8 +27,8 @@ DOCS = REPO / "docs"
 CONFIG_PAGE = DOCS / "reference" / "configuration.md"
 
 
-def _load_hooks():
-    spec = importlib.util.spec_from_file_location("coopflow_docs_hooks", DOCS / "hooks" / "coopflow_docs.py")
+def _load_hooks(name: str = "coopflow_docs"):
+    spec = importlib.util.spec_from_file_location(f"{name}_hooks", DOCS / "hooks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks the module up
     spec.loader.exec_module(module)
@@ -36,6 +36,7 @@ def _load_hooks():
 
 
 hooks = _load_hooks()
+linkcheck = _load_hooks("linkcheck")
 
 
 def test_configuration_reference_page_is_current():
@@ -158,3 +159,18 @@ def test_the_site_builds_with_no_warning(tmp_path):
     problems = [line for line in out.splitlines() if "WARNING" in line or "ERROR" in line]
     assert r.returncode == 0 and not problems, out[-6000:]
     assert (tmp_path / "site" / "index.html").is_file()
+    broken, checked, _ = linkcheck.check(tmp_path / "site")  # every link of the built site, anchors included
+    assert checked > 1000 and not broken, "\n".join(broken[:50])
+
+
+def test_the_link_checker_finds_a_missing_page_and_a_missing_anchor(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "index.html").write_text('<h2 id="top">T</h2><a href="a/">ok</a> <a href="#top">ok</a> '
+                                         '<a href="a/#here">ok</a> <a href="https://example.org/x">external</a> '
+                                         '<a href="gone/">missing</a> <a href="a/#nowhere">no anchor</a>')
+    (tmp_path / "a" / "index.html").write_text('<p id="here">x</p><img src="../img.png"><a href="../#top">ok</a>')
+    broken, checked, external = linkcheck.check(tmp_path)
+    assert sorted(broken) == ["a/index.html: ../img.png (no such page or file)",
+                              "index.html: a/#nowhere (no #nowhere on that page)",
+                              "index.html: gone/ (no such page or file)"]
+    assert checked == 7 and external == {"https://example.org/x"}
