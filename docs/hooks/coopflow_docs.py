@@ -135,11 +135,39 @@ def _fill_run_output(match: re.Match) -> str:
     return f"<!-- run-output: {match['cmd']} -->\n```\n{command_output(match['cmd'])}```\n<!-- /run-output -->"
 
 
+TABLE_DOCS = {
+    "taskset": "one row per task item (`fields`: the row's other columns as JSON)",
+    "rollouts": "one row per (update, node, agent, sample): a completion, its token ids and length",
+    "scores": "one row per joint action: which sample of each agent (`combo`), the shared reward (raw and processed)",
+    "advantages": "one row per (update, node, agent, sample): the return and advantage the update used",
+    "ac_samples": "actor-critic: what the actor and critic updates consumed, per (update, node, agent, sample)",
+    "pairs": "preference learning: one row per (pair, agent), TRL's `prompt` / `chosen` / `rejected`",
+    "metrics": "one row per logged metric point",
+    "eval": "one row per (eval item, sample, turn, agent): the completion and the joint reward",
+    "steps": "a training manifest: one row per update, naming its rollouts / scores / signal artifacts",
+}
+
+
+def tables_reference() -> str:
+    """Markdown of every stored table kind and its columns, from `coopflow.schemas.tables`."""
+    from coopflow.schemas.tables import DIR_KINDS, TABLES
+
+    out = []
+    for kind, schema in TABLES.items():
+        cols = ", ".join(f"`{f.name}` ({f.type})" for f in schema)
+        out.append(f"**`{kind}`** — {TABLE_DOCS.get(kind, '')}. Columns: {cols}.\n")
+    out.append("Stored as directories (Hugging Face `save_pretrained` or `datasets` `save_to_disk` layouts plus a "
+               "manifest): " + ", ".join(f"`{k}`" for k in DIR_KINDS) + ".\n")
+    return "\n".join(out)
+
+
 def on_page_markdown(markdown: str, **kwargs) -> str:
     """MkDocs hook: `bash runnable [slow]` fences become `{.bash .runnable}` (same highlighting, one CSS class), and
     a `<!-- run-output: CMD -->` sample is replaced by CMD's output, run during the build (it cannot go stale)."""
     import os
 
+    if "<!-- tables-reference -->" in markdown:
+        markdown = markdown.replace("<!-- tables-reference -->", tables_reference())
     if "<!-- run-output:" in markdown and not os.environ.get("COOPFLOW_DOCS_KEEP_SAMPLES"):
         markdown = RUN_OUTPUT.sub(_fill_run_output, markdown)
     return "\n".join(FENCE.sub(_render_marker, line) for line in markdown.split("\n"))
