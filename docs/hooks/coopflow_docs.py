@@ -209,6 +209,55 @@ def on_config(config, **kwargs):
     return config
 
 
+MERMAID = ("11.4.1", "https://registry.npmjs.org/mermaid/-/mermaid-11.4.1.tgz",
+           "sha512-Mb01JT/x6CKDWaxigwfZYuYmDZ6xtrNwNlidKZwkSrDaY9n90tdrJTV5Umk+wP1fZscGptmKFXHsXMDEVZ+Q6A==")
+"""The Mermaid release the site ships (version, npm tarball, its npm integrity): the theme would load it from a CDN."""
+MERMAID_JS = "assets/javascripts/mermaid.min.js"
+
+
+def mermaid_script() -> Path:
+    """Mermaid's mermaid.min.js, from the npm registry once (checked against its integrity), then from a cache.
+    COOPFLOW_DOCS_MERMAID=/path/to/mermaid.min.js uses that file instead (a machine without the registry)."""
+    import base64
+    import io
+    import os
+    import tarfile
+    import urllib.request
+
+    if os.environ.get("COOPFLOW_DOCS_MERMAID"):
+        return Path(os.environ["COOPFLOW_DOCS_MERMAID"])
+    version, url, integrity = MERMAID
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "coopflow-docs" / f"mermaid-{version}.min.js"
+    if cache.is_file():
+        return cache
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            blob = r.read()
+    except OSError as err:
+        raise RuntimeError(f"docs: cannot fetch Mermaid {version} from the npm registry ({err}); the site's diagrams "
+                           "need it: set COOPFLOW_DOCS_MERMAID=/path/to/mermaid.min.js") from None
+    algo, _, want = integrity.partition("-")
+    got = base64.b64encode(hashlib.new(algo, blob).digest()).decode()
+    if got != want:
+        raise RuntimeError(f"docs: {url} does not match its npm integrity ({algo} {got[:16]}..., want {want[:16]}...)")
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
+        js = tar.extractfile("package/dist/mermaid.min.js").read()
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_bytes(js)
+    tmp.replace(cache)
+    return cache
+
+
+def on_post_build(config, **kwargs):
+    """MkDocs hook: ship Mermaid with the site (`extra_javascript` names it), so diagrams render offline."""
+    import shutil
+
+    out = Path(config.site_dir) / MERMAID_JS
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(mermaid_script(), out)
+
+
 def reference_body(page: str) -> str:
     """The generated part of the configuration reference page (between its markers)."""
     start = page.index(REFERENCE_START)
