@@ -115,6 +115,9 @@ def show(args) -> int:
     store, info = open_run(args.run, args.data_dir)
     head = (f"run {info.key} · {info.updates} updates · {info.env_steps} env steps · "
             f"store {store.root}")
+    if info.preference:
+        head += ("\na preference run: each pair is two joint actions, its chosen answers (joint 0) and its "
+                 "rejected ones (joint 1), with the task reward that ranked them")
     if args.eval:
         rows = R.eval_rows(store, info)
         if args.item is not None:

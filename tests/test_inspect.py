@@ -132,3 +132,43 @@ def test_mlflow_gets_the_selected_updates_and_every_evaluation_as_tables(tmp_pat
     assert logged == {0, 2, 3}
     t = json.loads(open(client.download_artifacts(run.info.run_id, periodic[0], str(tmp_path / "dl"))).read())
     assert t["columns"][:4] == ["item_id", "sample", "reward", "agent_0"] and len(t["data"]) == 2  # eval_num_samples
+
+
+def _preference(tmp, algorithm: str, **trainer) -> dict:
+    from coopflow.flows.driver import run_inline
+
+    cfg = small_config(tmp)
+    cfg["trainer"] = {"num_train_epochs": 1, "max_new_tokens": 8, "preference_num_candidates": 4,
+                      "eval_num_samples": 2, **trainer}
+    return run_inline(validate_config(cfg, algorithm))
+
+
+def test_a_madpo_run_shows_its_pairs_chosen_and_rejected(tmp_path, capsys):
+    out = _preference(tmp_path, "madpo", preference_pairs_per_sample=2, train_batch_size=2, eval_interval=0)
+    store = ArtifactStore.at(tmp_path)
+    info = R.find_run(store)
+    assert info.preference and info.key == out["run_key"]
+    pairs = store.read_rows(store.find("pairs", R.update_manifest(store, info)[0]["signal"]))
+    df = coopflow.rollouts(data_dir=str(tmp_path))
+    assert len(df) == 2 * len(pairs) and set(df["joint"]) == {0, 1}  # each pair: chosen and rejected, per agent
+    assert df["update"].nunique() == 1  # the DPO updates all draw from the same pairs: listed once
+    for p in pairs:
+        mine = df[(df["node_id"] == p["pair_id"]) & (df["agent"] == p["agent"])].set_index("joint")
+        assert mine.loc[0, "completion"] == p["chosen"] and mine.loc[0, "reward"] == p["winner_reward"]
+        assert mine.loc[1, "completion"] == p["rejected"] and mine.loc[1, "reward"] == p["loser_reward"]
+    assert main(["show", "--data-dir", str(tmp_path), "--limit", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "a preference run" in text and "joint 0" in text and "joint 1" in text
+    assert main(["show", "--data-dir", str(tmp_path), "--eval"]) == 0  # its final evaluation, as for any run
+
+
+def test_an_iterative_round_shows_that_rounds_pairs(tmp_path):
+    _preference(tmp_path, "madpo-iter", num_iterations=2, temperature=1.0)
+    store = ArtifactStore.at(tmp_path)
+    rounds = R.runs(store)
+    assert len(rounds) == 2 and all(r.preference for r in rounds)
+    for r in rounds:
+        shard = store.read_rows(store.find("pairs", r.key))
+        rows = R.joint_rows(store, r)
+        assert len(rows) == 2 * len(shard) and {x["completion"] for x in rows if x["joint"] == 0} == \
+            {p["chosen"] for p in shard}

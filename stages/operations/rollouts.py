@@ -7,6 +7,10 @@ action: which sample of each agent it combines, `combo`, and the shared reward) 
 (`advantages`, or `ac_samples` for the actor-critic trainers). Joining them gives one row per agent of every joint
 action (`COLUMNS`): what each agent wrote, the reward the joint answer got and the advantage the update gave that
 agent's completion. The final evaluation of the run's checkpoint (an `eval` table) joins the same way.
+
+A preference run (MADPO, or a round of an iterative run) trains on preference pairs instead: its checkpoint's
+manifest names the `pairs` table, and each pair becomes two joint actions, the chosen answers (`joint` 0) and the
+rejected ones (`joint` 1), with the task reward that ranked them (`advantage` is empty: DPO has none).
 """
 
 from dataclasses import dataclass
@@ -41,13 +45,14 @@ class RunInfo:
     segments: tuple[str, ...]  # the steps manifest key of every segment, in order
     segment_ends: tuple[str, ...]  # the checkpoint (policy) key every segment ended at, in order
     written_at: float
+    preference: bool = False  # trained on preference pairs (MADPO, an iterative round): joint 0 chosen, 1 rejected
 
 
 # --- finding runs ------------------------------------------------------------------------------------
 
 
 def runs(store: ArtifactStore) -> list[RunInfo]:
-    """Every run of online RL in the store, newest first: the checkpoints that end a run (a checkpoint that only
+    """Every run in the store (online RL and preference runs), newest first: the checkpoints that end a run (a checkpoint that only
     ends a segment of a longer run is listed with that run, not on its own)."""
     found = []
     for _, key in store.artifacts("checkpoint"):
@@ -113,8 +118,16 @@ def _info(store: ArtifactStore, key: str) -> RunInfo | None:
         return None
     state = CheckpointLayout(store.open_dir(ref, verify=False)).trainer_state()
     steps = state.get("segment_steps")
-    if not steps:  # a preference run's checkpoint (MADPO, a round): no update manifests to join
-        return None
+    if not steps:  # a preference run's checkpoint: MADPO's manifest under its own key, or a round's pairs shard
+        key = policy_key_of(ref.key)
+        manifest = store.find("steps", key)
+        rows = store.read_rows(manifest) if manifest is not None else []
+        if rows and any(r["signal_kind"] != "pairs" for r in rows):
+            return None
+        if not rows and store.find("pairs", key) is None:
+            return None
+        return RunInfo(key, int(state.get("update", len(rows))), int(state.get("env_step", 0)),
+                       (key,) if rows else (), (key,), written_at(store, "checkpoint", ref.key), preference=True)
     return RunInfo(policy_key_of(ref.key), int(state.get("update", 0)), int(state.get("env_step", 0)),
                    tuple(steps), tuple(state.get("segment_keys", ())), written_at(store, "checkpoint", ref.key))
 
@@ -123,7 +136,11 @@ def _info(store: ArtifactStore, key: str) -> RunInfo | None:
 
 
 def update_manifest(store: ArtifactStore, info: RunInfo) -> list[dict]:
-    """The run's `steps` rows (one per update, in order): update, epoch, env_step and its artifacts' keys."""
+    """The run's `steps` rows (one per update, in order): update, epoch, env_step and its artifacts' keys (an
+    iterative round, which keeps no manifest: one row naming its pairs shard, stored under the round's key)."""
+    if info.preference and not info.segments:
+        return [{"update": info.updates, "epoch": 0, "env_step": info.env_steps, "rollouts": "", "scores": "",
+                 "signal": info.key, "signal_kind": "pairs", "reward_mean": None}]
     rows = []
     for key in info.segments:
         ref = store.find("steps", key)
@@ -136,16 +153,22 @@ def update_manifest(store: ArtifactStore, info: RunInfo) -> list[dict]:
 
 def joint_rows(store: ArtifactStore, info: RunInfo, updates: list[int] | None = None) -> list[dict]:
     """The joint-answer rows (`COLUMNS`) of the run's updates (`updates`: their indices; None: all)."""
-    out = []
+    out, seen_pairs = [], set()
     for step in update_manifest(store, info):
         if updates is not None and step["update"] not in updates:
             continue
+        if step["signal_kind"] == "pairs":  # every DPO update of a run draws from the same pairs: listed once
+            if step["signal"] in seen_pairs:
+                continue
+            seen_pairs.add(step["signal"])
         out += update_rows(store, info.key, step)
     return out
 
 
 def update_rows(store: ArtifactStore, run_key: str, step: dict) -> list[dict]:
     """The joint-answer rows (`COLUMNS`) of one update, from its `steps` manifest row."""
+    if step["signal_kind"] == "pairs":
+        return pair_rows(store, run_key, step)
     refs = {kind: store.find(kind, step[col]) for kind, col in
             (("rollouts", "rollouts"), ("scores", "scores"), (step["signal_kind"], "signal"))}
     missing = [k for k, r in refs.items() if r is None]
@@ -169,6 +192,26 @@ def update_rows(store: ArtifactStore, run_key: str, step: dict) -> list[dict]:
                         "reward": s["reward"], "agent_reward": own[agent] if agent < len(own) else None,
                         "advantage": advantage.get((s["turn"], s["node_id"], agent, sample)),
                         "length": r["length"], "finished": r["finished"]})
+    return out
+
+
+def pair_rows(store: ArtifactStore, run_key: str, step: dict) -> list[dict]:
+    """A preference update's pairs as joint-answer rows (`COLUMNS`): per pair, the chosen answers of every agent
+    (`joint` 0, the winner's task reward) and the rejected ones (`joint` 1, the loser's)."""
+    ref = store.find("pairs", step["signal"])
+    if ref is None:
+        raise ArtifactError(f"update {step['update']} of run {run_key[:12]}: its pairs artifact {step['signal']} is "
+                            "not in the store (deleted by `coopflow gc`?)")
+    out = []
+    for p in sorted(store.read_rows(ref), key=lambda p: (p["pair_id"], p["agent"])):
+        for joint, (side, sample, reward) in enumerate((("chosen", p["winner"], p["winner_reward"]),
+                                                       ("rejected", p["loser"], p["loser_reward"]))):
+            text = p[side]
+            out.append({"run_key": run_key, "update": step["update"], "env_step": step["env_step"],
+                        "item_id": p["item_id"], "turn": 0, "node_id": p["pair_id"], "joint": joint,
+                        "agent": p["agent"], "sample": sample, "prompt": p["prompt"], "completion": text,
+                        "reward": reward, "agent_reward": None, "advantage": None,
+                        "length": len(p[f"{side}_ids"] or []), "finished": None})
     return out
 
 
