@@ -172,3 +172,18 @@ def test_an_iterative_round_shows_that_rounds_pairs(tmp_path):
         rows = R.joint_rows(store, r)
         assert len(rows) == 2 * len(shard) and {x["completion"] for x in rows if x["joint"] == 0} == \
             {p["chosen"] for p in shard}
+
+
+def test_a_multi_turn_runs_rows_link_each_turn_to_the_joint_action_it_continues(tmp_path):
+    from coopflow.flows.driver import run_inline
+
+    cfg = small_config(tmp_path, trainer={**small_config(tmp_path)["trainer"], "num_turns": 2,
+                                          "joint_mode": "aligned", "rollout_buffer_size": 3,
+                                          "early_termination_threshold": None},
+                       transition={"name": "plain"})
+    run_inline(validate_config(cfg))
+    df = coopflow.rollouts(data_dir=str(tmp_path))
+    first, second = df[df["turn"] == 0], df[df["turn"] == 1]
+    assert len(second) and (first["parent_node"] == -1).all() and (second["parent_node"] >= 0).all()
+    joints = set(zip(first["node_id"], first["joint"]))
+    assert set(zip(second["parent_node"], second["parent_joint"])) <= joints  # every turn-2 node continues one

@@ -21,11 +21,13 @@ from coopflow.stages.agents.checkpoint import CheckpointLayout, find_checkpoint,
 from coopflow.stages.operations.gc import written_at
 
 COLUMNS = ("run_key", "update", "env_step", "item_id", "turn", "node_id", "joint", "agent", "sample", "prompt",
-           "completion", "reward", "agent_reward", "advantage", "length", "finished")
+           "completion", "reward", "agent_reward", "advantage", "length", "finished", "parent_node", "parent_joint")
 """Columns of a run's joint-answer table: one row per agent of each joint action of each update. `joint` is the
 joint action's index at its tree node (aligned joint mode: the sample index), `sample` the agent's own sample in
 it, `reward` the joint action's (processed) reward, `agent_reward` the agent's own share where the reward gives one
-(IAC/MAAC per-agent rewards, local rewards), `advantage` the advantage the update gave this completion."""
+(IAC/MAAC per-agent rewards, local rewards), `advantage` the advantage the update gave this completion;
+`parent_node` / `parent_joint` link a later turn's node to the node and joint action it continues (-1 at turn 1),
+so a multi-turn episode is followed by joining them to `node_id` / `joint`."""
 
 EVAL_COLUMNS = ("run_key", "item_id", "sample", "turn", "agent", "prompt", "completion", "reward")
 """Columns of a run's final-evaluation table: one row per agent of each evaluated joint answer."""
@@ -191,7 +193,8 @@ def update_rows(store: ArtifactStore, run_key: str, step: dict) -> list[dict]:
                         "agent": agent, "sample": sample, "prompt": r["prompt"], "completion": r["completion_text"],
                         "reward": s["reward"], "agent_reward": own[agent] if agent < len(own) else None,
                         "advantage": advantage.get((s["turn"], s["node_id"], agent, sample)),
-                        "length": r["length"], "finished": r["finished"]})
+                        "length": r["length"], "finished": r["finished"],
+                        "parent_node": r["parent_node"], "parent_joint": r["parent_joint"]})
     return out
 
 
@@ -211,7 +214,8 @@ def pair_rows(store: ArtifactStore, run_key: str, step: dict) -> list[dict]:
                         "item_id": p["item_id"], "turn": 0, "node_id": p["pair_id"], "joint": joint,
                         "agent": p["agent"], "sample": sample, "prompt": p["prompt"], "completion": text,
                         "reward": reward, "agent_reward": None, "advantage": None,
-                        "length": len(p[f"{side}_ids"] or []), "finished": None})
+                        "length": len(p[f"{side}_ids"] or []), "finished": None, "parent_node": -1,
+                        "parent_joint": -1})
     return out
 
 
