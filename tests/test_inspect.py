@@ -172,6 +172,11 @@ def test_an_iterative_round_shows_that_rounds_pairs(tmp_path):
         rows = R.joint_rows(store, r)
         assert len(rows) == 2 * len(shard) and {x["completion"] for x in rows if x["joint"] == 0} == \
             {p["chosen"] for p in shard}
+        ev = R.eval_rows(store, r)  # each round's evaluation, as the round's metrics summarize it
+        metrics = {m["key"]: m["value"] for m in store.read_rows(store.find("metrics", r.key))}
+        assert ev and abs(sum(x["reward"] for x in ev if x["agent"] == 0) / len({(x["item_id"], x["sample"])
+                                                                               for x in ev})
+                          - metrics["eval/turn_1/reward_mean"]) < 1e-9
 
 
 def test_a_multi_turn_runs_rows_link_each_turn_to_the_joint_action_it_continues(tmp_path):

@@ -270,11 +270,13 @@ def run_round(ctx: RunContext, r: int, show_progress: bool = False) -> dict:
         ctx.session.live.clear()
         raise
     # --- evaluate (task reward) and checkpoint this round
-    _, ev = evaluate(pol, ctx.eval_items_used(), fmts, _sampling(ctx, t.num_generations), ctx.caller, ctx.processor,
-                     derive_seed(rs.seed, "round-eval", r), ctx.episode, ctx.eval_hooks,
-                     samples=t.eval_samples_per_item)
+    ev_rows, ev = evaluate(pol, ctx.eval_items_used(), fmts, _sampling(ctx, t.num_generations), ctx.caller,
+                           ctx.processor, derive_seed(rs.seed, "round-eval", r), ctx.episode, ctx.eval_hooks,
+                           samples=t.eval_samples_per_item)
     ctx.session.calls["evaluate"] += 1
     metrics.update(ev)
+    # the evaluated answers, for `coopflow show --eval` of this round (named after the checkpoint written next)
+    store.put_table("eval", key, ev_rows, meta={"checkpoint": key})
     state = {"round": r, "env_step": env, "algorithm": rs.algorithm}
     pol.state = state
     ckpt = store.put_dir("checkpoint", key, lambda d: save_checkpoint(pol, d, state))
