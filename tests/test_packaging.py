@@ -67,17 +67,27 @@ def test_wheel_installs_one_top_level_package(tmp_path):
 
 
 def test_shipped_configs_name_public_paths_only():
-    """Every shipped config, example and bench script names environments by `coopflow.envs...` (never the internal
-    `stages...` paths), and each named function resolves."""
+    """Every shipped config (with the environment it names), shipped environment, example and bench script names
+    functions by `coopflow.envs...` (never the internal `stages...` paths), and each named function resolves."""
     import re
 
     from coopflow.stages.common.user_code import load_callable
 
+    import json
+
+    from coopflow.envs import ENVIRONMENTS
+    from coopflow.schemas.config.environment import resolve_environment
+
     files = [*(REPO / "configs").glob("*.yaml"), *(REPO / "examples").glob("*.py"), *(REPO / "bench").glob("*.py")]
+    texts = {str(f): f.read_text() for f in files}
+    for f in (REPO / "configs").glob("*.yaml"):  # a config's env: the parts it stands for, as a config writes them
+        env = re.search(r"^env: (\S+)", texts[str(f)], re.M)
+        if env:
+            texts[f"{f} (env)"] = json.dumps(resolve_environment(env.group(1)).config())
+    texts |= {f"env {n}": json.dumps(resolve_environment(n).config()) for n in ENVIRONMENTS}
     named = set()
-    for f in files:
-        text = f.read_text()
-        assert not re.search(r"\bstages\.tasks\.envs\.\w+:", text), f
+    for where, text in texts.items():
+        assert not re.search(r"\bstages\.tasks\.envs\.\w+:", text), where
         named |= set(re.findall(r"\bcoopflow\.(?:envs\.\w+|rewards|centralized):\w+", text))
     assert len(named) > 20
     for path in sorted(named):

@@ -17,18 +17,6 @@ One module per environment: `arxiv`, `coding`, `completion`, `expert`, `math_gsm
 code itself lives in `coopflow.stages.tasks.envs`, whose paths may change between releases.
 """
 
-from coopflow.schemas.config.environment import Environment  # noqa: E402,F401
-
-ENVIRONMENTS: dict[str, str] = {
-    "story": "coopflow.envs.writing:Story",
-    "tldr": "coopflow.envs.writing:TLDR",
-    "arxiv": "coopflow.envs.arxiv:Arxiv",
-    "humaneval": "coopflow.envs.coding:HumanEval",
-    "completion": "coopflow.envs.completion:Completion",
-    "gsm8k": "coopflow.envs.math_gsm8k:GSM8K",
-    "bfcl": "coopflow.envs.tooluse:BFCL",
-    "travel": "coopflow.envs.travel:Travel",
-}
-"""The shipped environments by name: `env: <name>` in a config (each also importable by its path)."""
+from coopflow.schemas.config.environment import ENVIRONMENTS, Environment  # noqa: E402,F401
 
 __all__ = ["ENVIRONMENTS", "Environment"]

@@ -100,3 +100,10 @@ def _override(base: type[BaseModel], name: str, default: Any, description: str |
     f = base.model_fields[name]
     return Field(default, description=description or f.description, **(field_limits(f) | limits))
 
+
+def deep_merge(a: dict, b: dict) -> dict:
+    """`a` with `b` merged over it: nested mappings key by key, anything else (lists included) replaced by b's."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

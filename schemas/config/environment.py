@@ -19,7 +19,19 @@ import copy
 import importlib
 from typing import Any
 
-from coopflow.schemas.config.common import ConfigError
+from coopflow.schemas.config.common import ConfigError, deep_merge
+
+ENVIRONMENTS: dict[str, str] = {
+    "story": "coopflow.envs.writing:Story",
+    "tldr": "coopflow.envs.writing:TLDR",
+    "arxiv": "coopflow.envs.arxiv:Arxiv",
+    "humaneval": "coopflow.envs.coding:HumanEval",
+    "completion": "coopflow.envs.completion:Completion",
+    "gsm8k": "coopflow.envs.math_gsm8k:GSM8K",
+    "bfcl": "coopflow.envs.tooluse:BFCL",
+    "travel": "coopflow.envs.travel:Travel",
+}
+"""The shipped environments by name (`env: <name>`; each also importable by its path, `coopflow.envs.ENVIRONMENTS`)."""
 
 PARTS = ("taskset", "reward", "formatters", "transition", "eval_logger", "eval_aggregator")
 """The config sections an environment fills (each as the config writes it)."""
@@ -76,8 +88,6 @@ class Environment:
 def resolve_environment(ref: str) -> Environment:
     """The environment `ref` names: a shipped name, `module:attribute` or a module with an ENVIRONMENT. ConfigError
     (one line) when it cannot be found or is not an environment."""
-    from coopflow.envs import ENVIRONMENTS
-
     if not isinstance(ref, str) or not ref.strip():
         raise ConfigError(f"env: give an environment name ({', '.join(ENVIRONMENTS)}) or an import path "
                           f"(pkg.module:Name), got {ref!r}")
@@ -102,9 +112,7 @@ def resolve_environment(ref: str) -> Environment:
 
 def expand_environment(data: dict) -> dict:
     """`data` with its `env:` expanded under it (the config's own values win; lists are replaced whole)."""
-    from coopflow.schemas.config.loading import _deep_merge
-
     ref = data.get("env")
     if ref is None:
         return data
-    return _deep_merge(resolve_environment(ref).config(), data)
+    return deep_merge(resolve_environment(ref).config(), data)

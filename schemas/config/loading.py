@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from coopflow.schemas.config.common import ConfigError
+from coopflow.schemas.config.common import ConfigError, deep_merge
 from coopflow.schemas.config.run import RUN_CONFIGS, RunConfig
 
 
@@ -108,13 +108,6 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | di
     if path is not None:
         data = read_config_file(path)
     if base:
-        data = _deep_merge(data, base)
+        data = deep_merge(data, base)
     data = apply_overrides(data, overrides)
     return validate_config(data, algorithm)
-
-
-def _deep_merge(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
