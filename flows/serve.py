@@ -7,8 +7,9 @@ or registered on a work pool (Prefect `deploy`).
 A config names its flow: `algorithm:` (default magrpo), and `trainer.collaboration_mode: centralized` for
 train-magrpo-centralized. The deployment is named after the config file without its algorithm prefix
 (`madpo-iter-story.yaml` -> `story`) and runs it by absolute path; an iterative flow's deployment adds one round per
-run (`max_new_rounds: 1`; a run that starts while another is in a round waits for it, then runs the next one). A config is loaded exactly as its flow loads it (and pre-flighted, as a run would be)
-before anything is served, so a config its flow refuses is refused here in one line, not at every tick.
+run (`max_new_rounds: 1`; a run that starts while another computes a round waits for it, then runs the next one).
+A config is loaded exactly as its flow loads it (and pre-flighted, as a run would be) before anything is served,
+so a config its flow refuses is refused here in one line, not at every tick.
 
 The same deployments as YAML live in the repository's `prefect.yaml` (`prefect deploy --all`).
 """
@@ -43,7 +44,8 @@ def flow_of(data: dict) -> str:
     mode = (data.get("trainer") or {}).get("collaboration_mode") if isinstance(data.get("trainer"), dict) else None
     name = "train-magrpo-centralized" if algo == "magrpo" and mode == "centralized" else f"train-{algo}"
     if name not in FLOWS:
-        raise ConfigError(f"algorithm: {algo!r} is no flow (one of: {', '.join(f.removeprefix('train-') for f in FLOWS)})")
+        known = ", ".join(f.removeprefix("train-") for f in FLOWS)
+        raise ConfigError(f"algorithm: {algo!r} is no flow (one of: {known})")
     return name
 
 

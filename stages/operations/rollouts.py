@@ -54,8 +54,8 @@ class RunInfo:
 
 
 def runs(store: ArtifactStore) -> list[RunInfo]:
-    """Every run in the store (online RL and preference runs), newest first: the checkpoints that end a run (a checkpoint that only
-    ends a segment of a longer run is listed with that run, not on its own)."""
+    """Every run in the store (online RL and preference runs), newest first: the checkpoints that end a run (a
+    checkpoint that only ends a segment of a longer run is listed with that run, not on its own)."""
     found = []
     for _, key in store.artifacts("checkpoint"):
         info = _info(store, key)
