@@ -518,6 +518,12 @@ def _dpo(ctx: C.RunContext, runner: Runner, log: RunLog, pairs: ArtifactRef, sho
     log.metrics(rows)
     log.env_steps = max((r["env_step"] for r in rows), default=0)
     log.summary["run_key"] = res["checkpoint"].key
+    if log.tracker.enabled and log.cfg.tracking.rollouts not in ("none", "eval"):  # the pairs, as one MLflow table
+        from coopflow.stages.operations import rollouts as RO
+
+        store, step = ctx.store, {"update": 0, "env_step": log.env_steps, "signal": pairs.key}
+        key = res["checkpoint"].key
+        log.tracker.log_tables(lambda: {"rollouts/pairs.json": RO.joint_table(RO.pair_rows(store, key, step))})
     return res["checkpoint"]
 
 
@@ -619,6 +625,16 @@ def _log_round(cfg: RunConfig, store: ArtifactStore, parent: Tracker, parent_id:
         child.log_metrics(store.read_rows(ref))
     child.record("checkpoint", res["checkpoint"], tag=True)
     child.record("pairs", res["shard"], tag=True)
+    if cfg.tracking.rollouts != "none":  # the round's pairs and evaluated answers, as MLflow tables
+        from coopflow.stages.operations import rollouts as RO
+
+        key, env = res["checkpoint"].key, max((x["env_step"] for x in rows), default=0)
+        tables = {} if cfg.tracking.rollouts == "eval" else {"rollouts/pairs.json": RO.joint_table(
+            RO.pair_rows(store, key, {"update": 0, "env_step": env, "signal": res["shard"].key}))}
+        ev = store.find("eval", key)
+        if ev is not None:
+            tables["rollouts/eval.json"] = RO.eval_table(RO.eval_table_rows(store, ev, key))
+        child.log_tables(tables)
     if res.get("drift"):
         name = f"reward_distributions/iteration_{r:04d}"
         child.log_files({f"{name}.json": res["drift"],

@@ -192,3 +192,38 @@ def test_a_multi_turn_runs_rows_link_each_turn_to_the_joint_action_it_continues(
     assert len(second) and (first["parent_node"] == -1).all() and (second["parent_node"] >= 0).all()
     joints = set(zip(first["node_id"], first["joint"]))
     assert set(zip(second["parent_node"], second["parent_joint"])) <= joints  # every turn-2 node continues one
+
+
+def test_mlflow_gets_a_preference_runs_pairs_and_each_rounds_pairs_and_evaluation(tmp_path):
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from coopflow.flows.driver import run_inline
+
+    def tables(client, run) -> dict:
+        paths = [t["path"] for t in json.loads(run.data.tags.get("mlflow.loggedArtifacts", "[]"))]
+        return {p: json.loads(open(client.download_artifacts(run.info.run_id, p, str(tmp_path / "dl"))).read())
+                for p in paths}
+
+    base = {"num_train_epochs": 1, "max_new_tokens": 8, "preference_num_candidates": 4, "eval_num_samples": 2}
+    cfg = small_config(tmp_path / "madpo")
+    cfg["trainer"] = {**base, "preference_pairs_per_sample": 2, "train_batch_size": 2, "eval_interval": 0}
+    out = run_inline(validate_config(cfg, "madpo"), tracking=True)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'madpo' / 'mlflow.db'}")
+    got = tables(client, client.get_run(out["mlflow_run_id"]))
+    store = ArtifactStore.at(tmp_path / "madpo")
+    pairs = R.joint_rows(store, R.find_run(store))
+    assert len(got["rollouts/pairs.json"]["data"]) == len(pairs) // 2  # one row per joint action, agents side by side
+    assert "rollouts/eval.json" in got
+
+    cfg = small_config(tmp_path / "iter")
+    cfg["trainer"] = {**base, "num_iterations": 2, "temperature": 1.0}
+    run_inline(validate_config(cfg, "madpo-iter"), tracking=True)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'iter' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("coopflow")
+    children = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("coopflow.round")]
+    assert len(children) == 2
+    for child in children:
+        got = tables(client, child)
+        assert {"rollouts/pairs.json", "rollouts/eval.json"} <= set(got) and got["rollouts/eval.json"]["data"]
