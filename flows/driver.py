@@ -521,8 +521,7 @@ def _dpo(ctx: C.RunContext, runner: Runner, log: RunLog, pairs: ArtifactRef, sho
     if log.tracker.enabled and log.cfg.tracking.rollouts not in ("none", "eval"):  # the pairs, as one MLflow table
         from coopflow.stages.operations import rollouts as RO
 
-        store, step = ctx.store, {"update": 0, "env_step": log.env_steps, "signal": pairs.key}
-        key = res["checkpoint"].key
+        store, key, step = ctx.store, res["checkpoint"].key, RO.pairs_step(pairs.key, log.env_steps)
         log.tracker.log_tables(lambda: {"rollouts/pairs.json": RO.joint_table(RO.pair_rows(store, key, step))})
     return res["checkpoint"]
 
@@ -630,7 +629,7 @@ def _log_round(cfg: RunConfig, store: ArtifactStore, parent: Tracker, parent_id:
 
         key, env = res["checkpoint"].key, max((x["env_step"] for x in rows), default=0)
         tables = {} if cfg.tracking.rollouts == "eval" else {"rollouts/pairs.json": RO.joint_table(
-            RO.pair_rows(store, key, {"update": 0, "env_step": env, "signal": res["shard"].key}))}
+            RO.pair_rows(store, key, RO.pairs_step(res["shard"].key, env)))}
         ev = store.find("eval", key)
         if ev is not None:
             tables["rollouts/eval.json"] = RO.eval_table(RO.eval_table_rows(store, ev, key))

@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from coopflow.flows.driver import ITERATIVE as ITERATIVE_ALGORITHMS
 from coopflow.flows.train import FLOWS, flow_config
 from coopflow.schemas.config import ConfigError
 from coopflow.schemas.config.loading import read_config_file
 
-ITERATIVE = ("train-madpo-iter", "train-marlhf-iter")
+ITERATIVE = tuple(f"train-{a}" for a in ITERATIVE_ALGORITHMS)
+"""The flows whose deployments add one round per run."""
 
 
 @dataclass(frozen=True)

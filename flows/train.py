@@ -109,12 +109,13 @@ def flow_config(flow_name: str, config: dict | None = None, config_path: str | N
                 overrides: dict[str, Any] | list[str] | None = None) -> RunConfig:
     """The config of a run of flow `flow_name`, validated exactly as that flow loads it (file, then the inline
     `config` merged over it, then `overrides`); `coopflow serve` checks a config with it before serving."""
+    algorithm = flow_name.removeprefix("train-")
     if flow_name == "train-magrpo-centralized":  # train-magrpo with collaboration_mode forced centralized
+        algorithm = "magrpo"
         if isinstance(overrides, list):
             overrides = [*overrides, "trainer.collaboration_mode=centralized"]
         else:
             overrides = {**(overrides or {}), "trainer.collaboration_mode": "centralized"}
-    algorithm = "magrpo" if flow_name == "train-magrpo-centralized" else flow_name.removeprefix("train-")
     return load_config(config_path, overrides, algorithm=algorithm, base=config)
 
 

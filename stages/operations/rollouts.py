@@ -137,12 +137,17 @@ def _info(store: ArtifactStore, key: str) -> RunInfo | None:
 # --- the joined tables --------------------------------------------------------------------------------
 
 
+def pairs_step(pairs_key: str, env_step: int, update: int = 0) -> dict:
+    """A `steps` manifest row for an update that trained on the pairs `pairs_key` (a round keeps no manifest)."""
+    return {"update": update, "epoch": 0, "env_step": env_step, "rollouts": "", "scores": "", "signal": pairs_key,
+            "signal_kind": "pairs", "reward_mean": None}
+
+
 def update_manifest(store: ArtifactStore, info: RunInfo) -> list[dict]:
     """The run's `steps` rows (one per update, in order): update, epoch, env_step and its artifacts' keys (an
     iterative round, which keeps no manifest: one row naming its pairs shard, stored under the round's key)."""
     if info.preference and not info.segments:
-        return [{"update": info.updates, "epoch": 0, "env_step": info.env_steps, "rollouts": "", "scores": "",
-                 "signal": info.key, "signal_kind": "pairs", "reward_mean": None}]
+        return [pairs_step(info.key, info.env_steps, info.updates)]
     rows = []
     for key in info.segments:
         ref = store.find("steps", key)
