@@ -74,8 +74,8 @@ def test_rollout_stage_rows_are_the_same_with_either_backend(tiny_model_dir):
 
 
 def test_bf16_matmuls_on_float32_weights_stay_close_to_float32(tiny_model_dir):
-    """`agents.compute_dtype: bfloat16`: only the projection matmuls run in bf16 (norms, rotary, KV cache, attention
-    stay float32): the weights are untouched, greedy continuations agree with float32, sampled ones mostly, and
+    """`agents.compute_dtype: bfloat16`: the projection matmuls, KV cache and attention run in bf16 (residual stream,
+    norms, rotary stay float32): the weights are untouched, greedy continuations agree with float32, and
     compute_dtype=float32 is the float32 path exactly."""
     model, tok = load_agent(tiny_model_dir)
     model.eval()
@@ -225,3 +225,53 @@ def test_top_p_over_the_top_k_survivors_masks_what_the_full_sort_masks(top_k, to
             assert (logits[r][diff] == edge).all(), f"row {r}: only tokens tied at the edge may differ"
             assert kept_full[r].sum() == kept_sub[r].sum()
     assert torch.equal(kept_full[[0, 4, 5]], kept_sub[[0, 4, 5]])  # untied rows: the very same tokens kept
+
+
+def test_prepacked_bf16_weights_give_the_same_products_as_plain_ones(tiny_model_dir):
+    """Weights reordered once for oneDNN (`packed`) multiply to the very same bf16 numbers as F.linear; a bias is
+    added after rounding rather than before (one bf16 rounding step apart at most), so a bf16 decode samples
+    nearly the same tokens packed or not (where this CPU packs at all)."""
+    if not FD.packs(torch.bfloat16, torch.device("cpu")):
+        pytest.skip("this CPU has no oneDNN bf16 matmuls to pack for")
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(96, 48, generator=g), torch.randn(96, generator=g)
+    x = torch.randn(5, 3, 48, generator=g).bfloat16()
+    for bias in (None, b):
+        plain = FD._linear(w, bias, torch.bfloat16, 8, pack=False)(x)
+        packed = FD._linear(w, bias, torch.bfloat16, 8, pack=True)(x)
+        if bias is None:
+            assert torch.equal(packed, plain)
+        else:
+            ulp = plain.float().abs().clamp(min=1e-3) * 2 ** -7
+            assert ((packed.float() - plain.float()).abs() <= ulp).all()
+    model, tok = load_agent(tiny_model_dir)
+    model.eval()
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    outs = []
+    for pack in (False, True):
+        torch.manual_seed(9)
+        outs.append(FD.sample(model, enc.input_ids, enc.attention_mask, 12, 0.8, 50, 0.95, None, tok.pad_token_id,
+                              compute_dtype=torch.bfloat16, packed=pack))
+    assert (outs[0] == outs[1]).float().mean() >= 0.75
+
+
+def test_a_draw_over_the_survivors_has_the_vocabulary_draws_distribution():
+    """`survivors`: tokens drawn from each row's top-k/top-p survivors only follow the probabilities of the warped
+    vocabulary's softmax (the fused decode's vocabulary draw; see the test above for its top-p edge ties), ties at
+    the k-th logit included; never a token the warpers mask."""
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 400, generator=g) * 2
+    logits[1, 10:20] = torch.topk(logits[1], 8).values[-1]  # ties at the k-th logit: all of them survive
+    expected = FD._warp(logits.clone(), 0.8, 8, 0.9).softmax(-1)
+    torch.manual_seed(0)
+    n = 20000
+    draws = torch.stack([FD._draw(logits, 0.8, 8, 0.9, True, True) for _ in range(n)])  # [n, 3]
+    for r in range(3):
+        freq = torch.bincount(draws[:, r], minlength=400).float() / n
+        assert (freq[expected[r] == 0] == 0).all(), f"row {r}: a masked token was drawn"
+        assert (freq - expected[r]).abs().max() < 0.015, f"row {r}: frequencies off the warped probabilities"
+    # without top-k there are no survivors to draw from: the vocabulary draw, `generate`'s tokens
+    torch.manual_seed(3)
+    a = FD._draw(logits, 0.8, None, 0.9, True, True)
+    torch.manual_seed(3)
+    assert torch.equal(a, torch.multinomial(FD._warp(logits, 0.8, None, 0.9).softmax(-1), 1).squeeze(1))

@@ -71,26 +71,46 @@ def resolve_compute_dtype(setting: str, device: str) -> str:
 
 # --- weights -------------------------------------------------------------------------------------
 
-def _layer_weights(layer, dt: torch.dtype, wide: torch.dtype):
-    """Fused projection weights of one decoder layer in the compute dtype `dt`, its norms in `wide` (rebuilt per
-    call: the policy changes between calls)."""
+def packs(dt: torch.dtype, dev: torch.device) -> bool:
+    """Whether bf16 matmul weights can be pre-packed once per call for oneDNN on this device (CPU with bf16
+    support): the packed layout is what oneDNN's kernels read fastest; the products are the same numbers."""
+    if dev.type != "cpu" or dt != torch.bfloat16:
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _linear(weight, bias, dt: torch.dtype, rows: int, pack: bool):
+    """`x -> x @ weight.T + bias` with the weight cast to `dt` once per call; `pack`: reordered once into oneDNN's
+    blocked layout for `rows`-row inputs (the unpacked copy is dropped)."""
+    w = weight.to(dt)
+    b = None if bias is None else bias.to(dt)
+    if not pack:
+        return lambda x: F.linear(x, w, b)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+    del w
+    return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+
+
+def _layer_weights(layer, dt: torch.dtype, wide: torch.dtype, rows: int, pack: bool):
+    """One decoder layer's fused projections (q/k/v as one matmul, gate/up as one) in the compute dtype `dt`, its
+    norms in `wide` (rebuilt per call: the policy changes between calls)."""
     a, m = layer.self_attn, layer.mlp
 
     def bias(lin):
         return lin.bias if lin.bias is not None else torch.zeros(lin.out_features, dtype=lin.weight.dtype,
                                                                   device=lin.weight.device)
 
-    def cast(t):
-        return None if t is None else t.to(dt)
-
-    qkv_w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).to(dt)
     qkv_b = None
     if a.q_proj.bias is not None or a.k_proj.bias is not None:
-        qkv_b = torch.cat([bias(a.q_proj), bias(a.k_proj), bias(a.v_proj)]).to(dt)
-    return dict(ln1=_norm(layer.input_layernorm, wide), ln2=_norm(layer.post_attention_layernorm, wide), qkv_w=qkv_w,
-                qkv_b=qkv_b, o_w=cast(a.o_proj.weight), o_b=cast(a.o_proj.bias),
-                gu_w=torch.cat([m.gate_proj.weight, m.up_proj.weight]).to(dt), d_w=cast(m.down_proj.weight),
-                inter=m.gate_proj.out_features)
+        qkv_b = torch.cat([bias(a.q_proj), bias(a.k_proj), bias(a.v_proj)])
+    return dict(ln1=_norm(layer.input_layernorm, wide), ln2=_norm(layer.post_attention_layernorm, wide),
+                qkv=_linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), qkv_b, dt, rows, pack),
+                o=_linear(a.o_proj.weight, a.o_proj.bias, dt, rows, pack),
+                gu=_linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]), None, dt, rows, pack),
+                d=_linear(m.down_proj.weight, None, dt, rows, pack), inter=m.gate_proj.out_features)
 
 
 def _norm(norm, dt: torch.dtype) -> tuple:
@@ -108,9 +128,18 @@ def _rms(norm: tuple, x, fused: bool = False):
     return weight * x32.to(dt)
 
 
-def _rotate(x, cos, sin):
+def _rotary_tables(cos, sin):
+    """(cos, sin with its first half negated) [..., hd]: `_rotate` then needs no concatenation per call."""
+    half = sin.shape[-1] // 2
+    return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
+def _rotate(x, cos, signed_sin):
+    """Rotary embedding of x [..., hd]: x·cos + rotate_half(x)·sin, rotate_half(x) = (-x2, x1), written as the
+    halves swapped times the signed sine (the same float products: negating is exact)."""
     half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    swapped = x.unflatten(-1, (2, half)).flip(-2).flatten(-2)
+    return x * cos + swapped * signed_sin
 
 
 def _distinct_rows(input_ids, attention_mask):
@@ -126,34 +155,64 @@ def _distinct_rows(input_ids, attention_mask):
 
 # --- the loop ------------------------------------------------------------------------------------
 
-def _warp(logits, temperature: float, top_k: int | None, top_p: float, subset: bool = True):
-    """transformers' sampling warpers, same order and tie rules: temperature, top-k, top-p.
-
-    `subset`: with top-k set, top-p sorts only the top-k survivors (the masked rest has probability 0 and never
-    changes the cumulative sums) instead of the whole vocabulary; ties at the k-th logit all survive, as in
-    transformers, so the survivors are the top m of each row, m the most survivors of any row. False: always the
-    whole vocabulary (kept to measure this lever)."""
+def _survivors(logits, temperature: float, top_k: int, top_p: float):
+    """Each row's top-k survivors after transformers' warpers (temperature, top-k, top-p; same order and tie rules):
+    ([B, m] warped logits in ascending order, -inf where masked; [B, m] their token ids), m the most survivors of
+    any row (every token tied with the k-th logit survives, as in transformers). Top-p sorts only these m values:
+    the masked rest has probability 0 and never changes the cumulative sums."""
     if temperature is not None and temperature != 1.0:
         logits = logits / temperature
-    top = None
+    top = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1)  # values sorted descending, with their ids
+    kth = top.values[..., -1:]
+    m = int((logits >= kth).sum(-1).max())  # ties at the k-th logit survive too
+    if m > top.values.shape[-1]:
+        top = torch.topk(logits, m, dim=-1)
+    values = top.values.masked_fill(top.values < kth, float("-inf")).flip(-1)
+    ids = top.indices.flip(-1)
+    if top_p is not None and top_p < 1.0:
+        remove = values.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
+        remove[..., -1:] = False  # keep at least one token
+        values = values.masked_fill(remove, float("-inf"))
+    return values, ids
+
+
+def _warp(logits, temperature: float, top_k: int | None, top_p: float, subset: bool = True):
+    """transformers' sampling warpers over the whole vocabulary, same order and tie rules: temperature, top-k, top-p.
+
+    `subset`: with top-k set, top-p sorts only the top-k survivors (`_survivors`) instead of the whole vocabulary;
+    the kept tokens get the same warped logits, the rest -inf. False: always the whole vocabulary (kept to measure
+    this lever)."""
+    if subset and top_k:
+        values, ids = _survivors(logits, temperature, top_k, top_p)
+        return torch.full_like(logits, float("-inf")).scatter_(-1, ids, values)
+    if temperature is not None and temperature != 1.0:
+        logits = logits / temperature
     if top_k:
         k = min(top_k, logits.shape[-1])
-        top = torch.topk(logits, k, dim=-1)  # values sorted descending, with their token ids
-        logits = logits.masked_fill(logits < top.values[..., -1:], float("-inf"))
+        logits = logits.masked_fill(logits < torch.topk(logits, k, dim=-1).values[..., -1:], float("-inf"))
     if top_p is not None and top_p < 1.0:
-        if subset and top is not None:
-            m = int((logits > float("-inf")).sum(-1).max())  # ties at the k-th logit survived too
-            if m > top.values.shape[-1]:
-                top = torch.topk(logits, m, dim=-1)
-            sorted_logits, sorted_idx = top.values.flip(-1), top.indices.flip(-1)  # ascending, as below
-        else:
-            sorted_logits, sorted_idx = torch.sort(logits, descending=False, dim=-1)
+        sorted_logits, sorted_idx = torch.sort(logits, descending=False, dim=-1)
         cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
         remove = cum <= (1 - top_p)
         remove[..., -1:] = False  # keep at least one token
         drop = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, sorted_idx, remove)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+def _draw(logits, temperature: float, top_k: int | None, top_p: float, fused: bool, survivors: bool):
+    """One sampled token id per row of logits [B, V] → [B].
+
+    `survivors` (needs top-k): the draw is over each row's survivors only (`_survivors`: a softmax and a
+    multinomial over ~k values instead of the vocabulary) — the same distribution as the vocabulary-wide draw, not
+    the same random stream, so not `generate`'s tokens. Otherwise `generate`'s draw exactly: the warped
+    vocabulary's softmax, one `torch.multinomial`."""
+    logits = logits.float()
+    if survivors and top_k:
+        values, ids = _survivors(logits, temperature, top_k, top_p)
+        return ids.gather(-1, torch.multinomial(values.softmax(dim=-1), num_samples=1)).squeeze(1)
+    probs = _warp(logits, temperature, top_k, top_p, subset=fused).softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1).squeeze(1)
 
 
 STEP_MODES = {
@@ -224,36 +283,43 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
            temperature: float, top_k: int | None, top_p: float, eos_token_id: int | None,
            pad_token_id: int | None, on_step: Callable[[int], None] | None = None,
            compute_dtype: torch.dtype | None = None, share_prefill: bool = True,
-           step_mode: str = "auto", fused: bool = True) -> torch.Tensor:
+           step_mode: str = "auto", fused: bool = True, packed: bool | None = None,
+           narrow_cache: bool | None = None, survivors: bool | None = None) -> torch.Tensor:
     """Sampled continuations of left-padded prompts.
 
     input_ids, attention_mask: [B, P]. Returns [B, T] new tokens (T ≤ max_new_tokens), pad after EOS.
     `on_step(t)` is called after the t-th token of every sequence (a heartbeat; one call per step, not per row).
     `compute_dtype`: the dtype of the projection matmuls (e.g. bfloat16 on CPUs with AVX512-BF16/AMX: half the
-    weight bytes read per decoded token); None = the model's own. Everything else (residual stream, norms,
-    rotary, KV cache, attention, sampling warpers) stays in the weights' dtype.
+    weight bytes read per decoded token); None = the model's own. The residual stream, norms, rotary and the
+    sampling warpers stay in the weights' dtype.
     `share_prefill`: prefill each distinct prompt once (False: every row; the same tokens either way, kept for the
     benchmark of this lever).
     `step_mode` (see STEP_MODES): how each decode step runs; 'auto' = 'cuda_graph' on a CUDA device, else 'dynamic'.
     `fused`: RMSNorm as one `F.rms_norm` call (float32 weights) and top-p sorting only the top-k survivors instead
     of the vocabulary — the same arithmetic up to float rounding (float32: the same tokens as `generate`, tested);
     False: op by op (kept to measure this lever, bench_levers decode_fused).
+    The last three apply where `compute_dtype` narrows the model's dtype (None = there, False = never; the
+    same-dtype path stays `generate`'s tokens exactly):
+    `packed`: the matmul weights reordered once per call into oneDNN's blocked layout (CPU bf16, `packs`).
+    `narrow_cache`: the KV cache, queries and attention in `compute_dtype` (half the cache bytes each step reads).
+    `survivors`: each token drawn from its row's top-k survivors only (`_draw`; needs top-k).
     """
     cfg, inner = model.config, model.model
     B, P = input_ids.shape
     T = max_new_tokens
     n_heads, n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
-    # matmuls in `dt`; the residual stream, norms, rotary tables, KV cache and attention in the weights' own
-    # dtype `wide` (float32 weights + bf16 compute: only the weight reads shrink, which is what decoding waits on)
-    wide = inner.embed_tokens.weight.dtype
-    dt = compute_dtype or wide
-    layers = [_layer_weights(layer, dt, wide) for layer in inner.layers]
+    # matmuls in `dt`; the residual stream, norms, rotary tables in the weights' own dtype `wide`; the KV cache and
+    # attention in `kv_dt` (float32 weights + bf16 compute: the weight and cache reads halve, which decoding waits on)
     emb = inner.embed_tokens.weight
-    lm_w = model.lm_head.weight.to(dt)
-    lm_b = getattr(model.lm_head, "bias", None)
-    lm_b = lm_b.to(dt) if lm_b is not None else None
-    dev = emb.device
+    dev, wide = emb.device, emb.dtype
+    dt = compute_dtype or wide
+    narrow = dt != wide
+    pack = packs(dt, dev) if packed is None and narrow else bool(packed)
+    kv_dt = dt if (narrow if narrow_cache is None else narrow_cache) else wide
+    draw_survivors = narrow if survivors is None else survivors
+    layers = [_layer_weights(layer, dt, wide, B, pack) for layer in inner.layers]
+    lm_head = _linear(model.lm_head.weight, getattr(model.lm_head, "bias", None), dt, B, pack)
     final_norm = _norm(inner.norm, wide)
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
     L = P + T
@@ -263,7 +329,7 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     last = pos[:, -1:]
     pos_all = torch.cat([pos, last + torch.arange(1, T + 1, device=dev)], dim=1)  # [B, L]
     cos, sin = inner.rotary_emb(emb[:1].unsqueeze(0), pos_all)  # [B, L, hd]
-    cos, sin = cos.unsqueeze(1).to(wide), sin.unsqueeze(1).to(wide)  # [B, 1, L, hd]
+    cos, sin = _rotary_tables(cos.unsqueeze(2).to(wide), sin.unsqueeze(2).to(wide))  # [B, L, 1, hd]
 
     # key mask over cache slots: prompt pads are never attended to
     key_ok = torch.ones(B, L, dtype=torch.bool, device=dev)
@@ -273,26 +339,25 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     gqa = n_heads != n_kv
 
     def layers_forward(x, c, s, attend):
-        """x: [b, n, H] hidden states with rotary tables c, s [b, 1, n, hd] → last-position logits [b, V];
+        """x: [b, n, H] hidden states with rotary tables c, s [b, n, 1, hd] → last-position logits [b, V];
         `attend(li, q, k, v)` writes layer li's keys/values to the cache and returns the attention output."""
         b, n = x.shape[:2]
         for li, w in enumerate(layers):
-            h = _rms(w["ln1"], x, fused).to(dt)
-            qkv = F.linear(h, w["qkv_w"], w["qkv_b"]).to(wide)
-            q = qkv[..., :q_size].view(b, n, n_heads, hd).transpose(1, 2)
-            k = qkv[..., q_size:q_size + kv_size].view(b, n, n_kv, hd).transpose(1, 2)
+            qkv = w["qkv"](_rms(w["ln1"], x, fused).to(dt)).to(wide)
+            qk = _rotate(qkv[..., :q_size + kv_size].unflatten(-1, (n_heads + n_kv, hd)), c, s)  # q and k at once
+            q = qk[:, :, :n_heads].transpose(1, 2).to(kv_dt)
+            k = qk[:, :, n_heads:].transpose(1, 2)
             v = qkv[..., q_size + kv_size:].view(b, n, n_kv, hd).transpose(1, 2)
-            q, k = _rotate(q, c, s), _rotate(k, c, s)
             a = attend(li, q, k, v)
-            x = x + F.linear(a.transpose(1, 2).reshape(b, n, q_size).to(dt), w["o_w"], w["o_b"]).to(wide)
-            gu = F.linear(_rms(w["ln2"], x, fused).to(dt), w["gu_w"])
-            x = x + F.linear(F.silu(gu[..., :w["inter"]]) * gu[..., w["inter"]:], w["d_w"]).to(wide)
-        return F.linear(_rms(final_norm, x[:, -1], fused).to(dt), lm_w, lm_b)
+            x = x + w["o"](a.transpose(1, 2).reshape(b, n, q_size).to(dt)).to(wide)
+            gu = w["gu"](_rms(w["ln2"], x, fused).to(dt))
+            x = x + w["d"](F.silu(gu[..., :w["inter"]]) * gu[..., w["inter"]:]).to(wide)
+        return lm_head(_rms(final_norm, x[:, -1], fused).to(dt))
 
     def forward(x, start, n, mask, rows, kc, vc):
         """Hidden states x [b, n, H] of batch rows `rows` (None = all) at cache slots start..start+n-1 (written to
         kc/vc [layers, b, n_kv, L, hd]; attention over slots :start+n under `mask`) → last-position logits."""
-        c, s = cos[:, :, start:start + n], sin[:, :, start:start + n]
+        c, s = cos[:, start:start + n], sin[:, start:start + n]
         if rows is not None:
             c, s = c[rows], s[rows]
 
@@ -311,12 +376,12 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     def static_step(tok, slot):
         """One decode step with shapes that never change (CUDA-graph / compile friendly): token ids tok [B] at the
         cache slot given as a 1-element tensor `slot`; attention over all L slots, masked to the filled ones."""
-        c, s = cos.index_select(2, slot), sin.index_select(2, slot)
+        c, s = cos.index_select(1, slot), sin.index_select(1, slot)
         mask = (key_ok & (slots <= slot))[:, None, None, :]
 
         def attend(li, q, k, v):
-            kc[li].index_copy_(2, slot, k)
-            vc[li].index_copy_(2, slot, v)
+            kc[li].index_copy_(2, slot, k.to(kv_dt))
+            vc[li].index_copy_(2, slot, v.to(kv_dt))
             return F.scaled_dot_product_attention(q, kc[li], vc[li], attn_mask=mask, enable_gqa=gqa)
 
         return layers_forward(F.embedding(tok[:, None], emb), c, s, attend)
@@ -324,7 +389,7 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     # --- prefill: causal over each distinct prompt once, pads masked (a fully padded query row attends to itself)
     rep, inverse = _distinct_rows(input_ids, attention_mask) if share_prefill else (None, None)
     U = B if rep is None else len(rep)
-    kc = torch.zeros(len(layers), U, n_kv, L, hd, dtype=wide, device=dev)
+    kc = torch.zeros(len(layers), U, n_kv, L, hd, dtype=kv_dt, device=dev)
     vc = torch.zeros_like(kc)
     causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
     pmask = causal[None, None] & (key_ok if rep is None else key_ok[rep])[:, None, None, :P]
@@ -339,8 +404,7 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     step = _stepper(step_mode, dev, dynamic_step, static_step, B, P)
     t = 0
     while True:
-        probs = _warp(logits.float(), temperature, top_k, top_p, subset=fused).softmax(dim=-1)
-        nxt = torch.multinomial(probs, num_samples=1).squeeze(1)
+        nxt = _draw(logits, temperature, top_k, top_p, fused, draw_survivors)
         if pad_token_id is not None:
             nxt = torch.where(done, torch.full_like(nxt, pad_token_id), nxt)
         out[:, t] = nxt
