@@ -22,6 +22,16 @@ so machine drift cancels; the printed ratio is baseline / lever (> 1: the lever 
 - adamw_fused: fused AdamW step vs the for-each implementation.
 - decode_rows: seconds per 1000 decoded tokens at --rows vs 4x --rows (how bound by weight reads the step is).
 - loss_eager_attention: the shared-prompt loss forward + backward with eager attention vs SDPA (bf16 autocast).
+- decode_packed / decode_narrow_cache / decode_survivors: one bf16 decode lever off vs on (weights pre-packed for
+  oneDNN; KV cache and attention in bf16; tokens drawn from the top-k survivors), runs' sampling (T 0.8, top-k 50,
+  top-p 0.95), HumanEval-length prompts.
+- loss_chunked_lse: the shared-prompt loss forward + backward (bf16 autocast) with the sampled tokens' log-probs
+  taken block by block in float32 (`token_logprobs(chunk=64)`, coopflow's default) vs the float32 copy of every
+  position's logits and autograd's logsumexp; loss and gradients compared.
+- decode_floor: a decode step against the weight-read floor, at --rows and 2x --rows: step ms with every bf16
+  lever on (lever) and off (base), the matmuls alone, weight bytes / step time as GB/s, and this core's read
+  bandwidth measured in the same run (the best of a float32 dot and sum over weight-sized buffers), so the
+  floor = weight bytes / read bandwidth and the step's multiple of it.
 
 The model defaults to the catalog's SmolLM2-135M-Instruct (`coopflow models install smollm2-135m-instruct`),
 whose time is matmuls over 30 layers, not per-call overhead. Wait for a quiet machine before trusting numbers.
@@ -302,6 +312,125 @@ def lever_loss_eager_attention(model, tok, a) -> dict:
     return {"base_s": tb, "lever_s": tl, "loss_sdpa": round(l0, 4), "loss_eager": round(l1, 4)}
 
 
+def lever_decode_packed(model, tok, a) -> dict:
+    return _decode_ab(model, tok, a, "packed", (0.8, 50, 0.95))
+
+
+def lever_decode_narrow_cache(model, tok, a) -> dict:
+    return _decode_ab(model, tok, a, "narrow_cache", (0.8, 50, 0.95))
+
+
+def lever_decode_survivors(model, tok, a) -> dict:
+    return _decode_ab(model, tok, a, "survivors", (0.8, 50, 0.95))
+
+
+def lever_loss_chunked_lse(model, tok, a) -> dict:
+    import functools
+
+    from coopflow.stages.agents import logprobs as LP
+
+    prompts, comps = _sampled_batch(model, tok, a)
+    chunked = LP.token_logprobs
+    model.train()
+
+    def run(chunk):
+        def go():
+            LP.token_logprobs = functools.partial(chunked, chunk=chunk)
+            try:
+                model.zero_grad(set_to_none=True)
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = -LP.sequence_logprobs(model, prompts, comps, tok.pad_token_id).mean()
+                loss.backward()
+                return loss.item(), [p.grad.clone() for p in model.parameters() if p.grad is not None][-1]
+            finally:
+                LP.token_logprobs = chunked
+        return go
+
+    tb, tl = interleave(run(None), run(64), a.repeats)
+    (l0, g0), (l1, g1) = run(None)(), run(64)()
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    return {"base_s": tb, "lever_s": tl, "same_loss": l0 == l1, "same_last_grad": bool(torch.equal(g0, g1))}
+
+
+def read_bandwidth(nbytes: int, repeats: int = 5) -> dict:
+    """This core's memory bandwidth in GB/s over `nbytes`-sized buffers (larger than any cache level that matters):
+    'read' = the best of a float32 dot (two streams) and sum (one stream), the fastest pure read a thread reaches;
+    'copy' = bytes read by a copy (as many written besides)."""
+    n = nbytes // 4
+    x, y = torch.randn(n), torch.randn(n)
+
+    def best(fn):
+        fn()
+        return min(_timed(fn) for _ in range(repeats))
+
+    dot = 2 * nbytes / best(lambda: torch.dot(x, y))
+    total = nbytes / best(lambda: x.sum())
+    copy = nbytes / best(lambda: y.copy_(x))
+    return {"read": max(dot, total) / 1e9, "copy": copy / 1e9}
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def lever_decode_floor(model, tok, a) -> dict:
+    """A decode step (bf16 matmuls, HumanEval-length prompts, runs' sampling) against the time to read its matmul
+    weights once: per rows in (--rows, 2x --rows), the step with every bf16 lever on and off, the matmuls alone
+    (the same packed weights, one step's inputs) and the floor from the read bandwidth measured here."""
+    from coopflow.stages.agents import decode as FD
+
+    inner = model.model
+    weights = [lin.weight for layer in inner.layers for lin in (
+        layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+        layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)] + [model.lm_head.weight]
+    wbytes = sum(w.numel() for w in weights) * 2  # bf16
+    bw = read_bandwidth(wbytes)
+    floor_ms = wbytes / (bw["read"] * 1e9) * 1e3
+    out = {"weight_MB": round(wbytes / 1e6, 1), "read_GBps": round(bw["read"], 1), "copy_GBps": round(bw["copy"], 1),
+           "floor_ms": round(floor_ms, 1)}
+    T = a.tokens
+    for rows in (a.rows, 2 * a.rows):
+        enc = tok(_humaneval_like(tok, rows), return_tensors="pt", padding=True)
+
+        def per_step(**levers):
+            def call(n):
+                torch.manual_seed(0)
+                FD.sample(model, enc["input_ids"], enc["attention_mask"], n, 0.8, 50, 0.95, None, tok.pad_token_id,
+                          compute_dtype=torch.bfloat16, **levers)
+            call(2)
+            return lambda: (_timed(lambda: call(T + 4)) - _timed(lambda: call(4))) / T
+
+        on, off = per_step(), per_step(packed=False, narrow_cache=False, survivors=False)
+        steps_off, steps_on = [], []
+        for _ in range(a.repeats):  # interleaved, seconds per step
+            steps_off.append(off())
+            steps_on.append(on())
+        t_off, t_on = statistics.median(steps_off), statistics.median(steps_on)
+        pack = FD.packs(torch.bfloat16, torch.device("cpu"))
+        lins = [FD._layer_weights(layer, torch.bfloat16, torch.float32, rows, pack) for layer in inner.layers]
+        head = FD._linear(model.lm_head.weight, None, torch.bfloat16, rows, pack)
+        H, inter = model.config.hidden_size, model.config.intermediate_size
+        xh, xi = torch.randn(rows, 1, H).bfloat16(), torch.randn(rows, 1, inter).bfloat16()
+
+        def matmuls():
+            for w in lins:
+                w["qkv"](xh), w["o"](xh), w["gu"](xh), w["d"](xi)
+            head(xh[:, 0])
+        matmuls()
+        mm = min(_timed(matmuls) for _ in range(a.repeats + 2))
+        out[f"rows{rows}"] = {"step_ms_levers_off": round(t_off * 1e3, 1), "step_ms": round(t_on * 1e3, 1),
+                              "matmuls_ms": round(mm * 1e3, 1), "weights_GBps": round(wbytes / t_on / 1e9, 1),
+                              "matmul_GBps": round(wbytes / mm / 1e9, 1),
+                              "step_x_floor": round(t_on * 1e3 / floor_ms, 2),
+                              "matmuls_x_floor": round(mm * 1e3 / floor_ms, 2)}
+        out.setdefault("base_s", t_off)
+        out.setdefault("lever_s", t_on)
+    return out
+
+
 def load_agent_with(model_dir: str, attention: str):
     from coopflow.stages.agents.models import load_agent
 
@@ -311,7 +440,10 @@ def load_agent_with(model_dir: str, attention: str):
 LEVERS = {"decode_bf16": lever_decode_bf16, "decode_fused": lever_decode_fused, "prefill_shared": lever_prefill_shared,
           "loss_shared_prompts": lever_loss_shared_prompts, "decode_static": lever_decode_static,
           "decode_compile": lever_decode_compile, "loss_bf16": lever_loss_bf16, "adamw_fused": lever_adamw_fused,
-          "decode_rows": lever_decode_rows, "loss_eager_attention": lever_loss_eager_attention}
+          "decode_rows": lever_decode_rows, "loss_eager_attention": lever_loss_eager_attention,
+          "decode_packed": lever_decode_packed, "decode_narrow_cache": lever_decode_narrow_cache,
+          "decode_survivors": lever_decode_survivors, "decode_floor": lever_decode_floor,
+          "loss_chunked_lse": lever_loss_chunked_lse}
 
 
 def main() -> int:

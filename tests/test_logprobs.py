@@ -232,3 +232,26 @@ def test_rows_sharing_a_prompt_run_it_once_with_the_same_values_and_gradients(ti
     torch.testing.assert_close(s1, s0, rtol=1e-5, atol=1e-5)
     for a, b in zip(g1, g0):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * float(b.abs().max()) + 1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_token_logprobs_equal_the_plain_form_values_and_gradients(dtype):
+    """token_logprobs block by block (the default) gives exactly the plain form's numbers and gradients — float32
+    logits, and bf16 logits as under autocast (whose gradient is rounded to bf16 the same way) — with blocks that
+    do not divide the positions; values against a hand computation on one position."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 37, 101, generator=g) * 3).to(dtype).requires_grad_()
+    t = torch.randint(0, 101, (3, 37), generator=g)
+    w = torch.randn(3, 37, generator=g)
+    plain = token_logprobs(x, t, chunk=None)
+    (plain * w).sum().backward()
+    g_plain, x.grad = x.grad.clone(), None
+    chunked = token_logprobs(x, t, chunk=16)
+    (chunked * w).sum().backward()
+    assert chunked.dtype == torch.float32 and torch.equal(chunked, plain) and torch.equal(x.grad, g_plain)
+    row = x[1, 5].detach().double()
+    assert abs(chunked[1, 5].item() - (row[t[1, 5]] - row.exp().sum().log()).item()) < 1e-5
+    soft = row.softmax(-1)
+    hand = -w[1, 5].double() * soft
+    hand[t[1, 5]] += w[1, 5]
+    assert torch.allclose(x.grad[1, 5].double(), hand, atol=1e-6 if dtype == torch.float32 else 1e-2)

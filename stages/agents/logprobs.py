@@ -40,11 +40,52 @@ def completion_mask(completions: list[list[int]], like: torch.Tensor) -> torch.T
     return torch.arange(like.shape[-1], device=like.device)[None, :] < lengths[:, None]
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target] without materializing the full log-softmax: [B, T, V] -> [B, T]."""
-    logits = logits.float()
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, chunk: int | None = 64) -> torch.Tensor:
+    """log softmax(logits)[target] in float32 without materializing the log-softmax: [B, T, V] -> [B, T].
+
+    `chunk`: positions per float32 block (`_PickedLogprob`): the float32 logits, their exponentials and the
+    backward's softmax exist for `chunk` positions at a time, never for all B·T (bf16 logits under autocast are
+    never copied to float32 whole); the same numbers and gradients as the plain form. None: the plain autograd form
+    (kept to measure this lever)."""
+    if chunk is None:
+        logits = logits.float()
+        picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        return picked - torch.logsumexp(logits, dim=-1)
+    return _PickedLogprob.apply(logits, targets, chunk)
+
+
+class _PickedLogprob(torch.autograd.Function):
+    """y = x[target] - logsumexp(x) per position, x in float32, block by block of `chunk` positions.
+
+    Backward: dy/dx = onehot(target) - softmax(x), so grad_x = g·onehot - g·exp(x - lse) (lse saved from the
+    forward): the two terms autograd adds for the gather and the logsumexp of the plain form, in the same float
+    operations, written block by block into a gradient of the logits' own dtype."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, chunk):
+        V = logits.shape[-1]
+        flat, tflat = logits.reshape(-1, V), targets.reshape(-1, 1)
+        lse = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+        picked = torch.empty_like(lse)
+        for i in range(0, flat.shape[0], chunk):
+            x = flat[i:i + chunk].float()
+            lse[i:i + chunk] = torch.logsumexp(x, dim=-1)
+            picked[i:i + chunk] = x.gather(-1, tflat[i:i + chunk]).squeeze(-1)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.chunk = chunk
+        return (picked - lse).view(targets.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, targets, lse = ctx.saved_tensors
+        V = logits.shape[-1]
+        flat, tflat, g = logits.reshape(-1, V), targets.reshape(-1, 1), grad.reshape(-1, 1).float()
+        out = torch.empty_like(flat)
+        for i in range(0, flat.shape[0], ctx.chunk):
+            j = slice(i, i + ctx.chunk)
+            d = -(g[j] * (flat[j].float() - lse[j, None]).exp())
+            out[j] = d.scatter_add_(-1, tflat[j], g[j])
+        return out.view(logits.shape), None, None
 
 
 def sequence_logprobs(model, prompts: list[list[int]], completions: list[list[int]], pad_id: int,
