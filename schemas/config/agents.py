@@ -40,10 +40,12 @@ class AgentsConfig(_Strict):
                             "transformers' generate; 'hf' = always generate.")
     compute_dtype: Literal["model", "bfloat16", "float16", "auto"] = Field(
         "model", description="Dtype of the matmuls (weights and optimizer state stay in agents.dtype): the decode "
-                             "loop's projections and the policy/DPO/actor loss forward (autocast). model = the "
-                             "weights' own; bfloat16 = half the bytes per decoded token and faster loss passes on "
-                             "CPUs with AVX512-BF16/AMX and on GPUs; auto = bfloat16 where the device has native "
-                             "bf16 matmuls, else model. Changes samples and updates slightly (new cache keys).")
+                             "loop's projections (with bf16 also its KV cache and attention on CPUs with AMX and "
+                             "on GPUs, and each token drawn from the top-k survivors) and the policy/DPO/actor "
+                             "loss forward (autocast). model = the weights' own (generate's tokens); bfloat16 = "
+                             "half the bytes per decoded token and faster loss passes on CPUs with AVX512-BF16/AMX "
+                             "and on GPUs; auto = bfloat16 where the device has native bf16 matmuls, else model. "
+                             "Changes samples and updates slightly (new cache keys).")
     decode_step: Literal["auto", "dynamic", "static", "cuda_graph"] = Field(
         "auto", description="How the KV-cache loop runs each decode step (the same tokens every way): dynamic = "
                             "attention over the filled cache; static = fixed shapes, the whole cache masked; "
