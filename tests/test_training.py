@@ -157,6 +157,19 @@ def test_mp_workers_match_in_process_training(tmp_path, pinned_threads):
         assert torch.allclose(wl[k], wp[k], atol=1e-5), k
     ck = Path(par["checkpoint"])
     assert (ck / "optimizer" / "agent_1.pt").is_file() and (ck / "agent_1" / "tokenizer.json").is_file()
+    for run in (local, par):  # optimizer state is written without torch.save's CRC32 (the sha256 manifest checks it)
+        _assert_no_crc32_and_loads(Path(run["checkpoint"]) / "optimizer" / "agent_1.pt")
+    assert torch.serialization.get_crc32_options()  # this process's setting is back as it was
+
+
+def _assert_no_crc32_and_loads(path: Path) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        records = [i for i in z.infolist() if i.file_size > 0 and "/data/" in i.filename]
+    assert records and all(i.CRC == 0 for i in records), path
+    state = torch.load(path, weights_only=True)
+    assert state["state"] and all(torch.isfinite(v["exp_avg"]).all() for v in state["state"].values())
 
 
 def test_mp_worker_errors_surface_with_agent_index(tmp_path):
