@@ -360,9 +360,9 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
             k = qk[:, :, n_heads:].transpose(1, 2)
             v = qkv[..., q_size + kv_size:].view(b, n, n_kv, hd).transpose(1, 2)
             a = attend(li, q, k, v)
-            x = x + w["o"](a.transpose(1, 2).reshape(b, n, q_size).to(dt)).to(wide)
+            x.add_(w["o"](a.transpose(1, 2).reshape(b, n, q_size).to(dt)))  # residual in `wide`: no cast op
             gu = w["gu"](_rms(w["ln2"], x, fused).to(dt))
-            x = x + w["d"](F.silu(gu[..., :w["inter"]]) * gu[..., w["inter"]:]).to(wide)
+            x.add_(w["d"](F.silu(gu[..., :w["inter"]]).mul_(gu[..., w["inter"]:])))
         return lm_head(_rms(final_norm, x[:, -1], fused).to(dt))
 
     def forward(x, start, n, mask, rows, kc, vc):
