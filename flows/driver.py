@@ -39,7 +39,7 @@ from coopflow.stages.planning import context as C
 from coopflow.stages.loops import run as R
 from coopflow.stages.planning import keys as K
 from coopflow.stages.planning.keys import eval_key
-from coopflow.stages.loops.segment import SegmentResult, train_segment
+from coopflow.stages.loops.segment import SegmentResult, settle_quietly, train_segment
 from coopflow.stages.tasks.taskset import build_taskset
 
 STAGES = ("taskset", "train", "evaluate", "score", "critic")
@@ -79,10 +79,11 @@ def train_segment_step(ctx: C.RunContext, index: int, start: ArtifactRef | None,
     return train_segment(ctx, index, start, start_key, show_progress=show_progress)
 
 
-def evaluate_step(ctx: C.RunContext, ckpt: ArtifactRef, refresh: bool) -> tuple[ArtifactRef, dict]:
-    """Single-path evaluation of a checkpoint on the eval split (`refresh`: drop a stored one first)."""
+def evaluate_step(ctx: C.RunContext, ckpt: ArtifactRef | str, refresh: bool) -> tuple[ArtifactRef, dict]:
+    """Single-path evaluation of a checkpoint (its ref or key) on the eval split (`refresh`: drop a stored one
+    first)."""
     if refresh:
-        ctx.store.remove("eval", eval_key(ctx, policy_key_of(ckpt.key)))
+        ctx.store.remove("eval", eval_key(ctx, policy_key_of(ckpt if isinstance(ckpt, str) else ckpt.key)))
     return R.evaluate_checkpoint(ctx, ckpt)
 
 
@@ -240,10 +241,13 @@ def train(cfg: RunConfig, runner: Runner, stages: list[str] | None = None, refre
                                                                            show_progress), log.segment)
         elif "evaluate" in stages or "critic" in stages:
             trained = R.stored_training(ctx)
+        evaluated = None
+        if "evaluate" in stages:  # (by key: the final checkpoint may still be being written while it evaluates)
+            evaluated = runner("evaluate", ctx, trained.checkpoint_key, "evaluate" in refresh)
         if trained:
             log.trained(trained)
-        if "evaluate" in stages:
-            log.evaluated(*runner("evaluate", ctx, trained.checkpoint, "evaluate" in refresh))
+        if evaluated:
+            log.evaluated(*evaluated)
         if "critic" in stages:
             log.critic(*runner("fit-critic", ctx, trained.checkpoint, trained.steps_refs))
         if "score" in stages:
@@ -324,8 +328,11 @@ def _closing(ctx: C.RunContext, tracker: Tracker) -> Iterator[None]:
     ok = False
     try:
         yield
+        ctx.store.settle()  # a checkpoint still being written is committed before the run counts as finished
         ok = True
     finally:
+        if not ok:
+            settle_quietly(ctx)
         ctx.session.close()
         tracker.finish(ok)
 
@@ -395,11 +402,10 @@ class RunLog:
     def segment(self, i: int, res: SegmentResult) -> None:
         """A trained (or stored) segment: its metrics (a continued run already has a stored one's) and checkpoint."""
         if res.cached:
-            self.runner.logger.info("segment %d cached: checkpoint %s", i, res.checkpoint.key)
+            self.runner.logger.info("segment %d cached: checkpoint %s", i, res.checkpoint_key)
         if not (self.continued and res.cached):
             self.metrics(res.metrics)
             self.rollout_tables(i, res, self.ctx)
-        self.tracker.record(f"checkpoint.segment_{i}", res.checkpoint)
 
     def rollout_tables(self, i: int, res: SegmentResult, ctx: C.RunContext) -> None:
         """Segment i's joint answers as one MLflow table (`rollouts/segment_NNNN.json`) of the updates
@@ -429,10 +435,13 @@ class RunLog:
 
     def trained(self, trained: R.TrainResult) -> None:
         """The segments' lineage (manifests, rollouts, scores, learning signals), final checkpoint and totals."""
+        waited = self.store.settle()  # the final checkpoint, written beside the evaluation, is committed by now
+        for i, seg in enumerate(trained.segments):
+            self.tracker.record(f"checkpoint.segment_{i}", seg.checkpoint)
         for kind, ref in R.run_lineage(self.store, trained):
             self.tracker.record(kind, ref)
         self.tracker.record("checkpoint.final", trained.checkpoint, tag=True)
-        self.summary.update(R.training_summary(self.store, trained))
+        self.summary.update(R.training_summary(self.store, trained, waited))
         self.env_steps = trained.env_steps
 
     def evaluated(self, ref: ArtifactRef, ev: dict[str, float], before: bool = False) -> None:

@@ -79,6 +79,7 @@ def _killed_leaving_nothing(proc, point: str, watch, what: str, log: Path | None
 
 @pytest.mark.parametrize("algorithm, point", [
     ("magrpo", "commit:checkpoint"),   # during a checkpoint write (complete, not yet renamed into place)
+    ("magrpo", "checkpoint-write"),    # while a checkpoint is written beside the next segment (its writer thread)
     ("magrpo", "generate@3"),          # mid-generation, after two updates
     ("magrpo", "update@3"),            # mid-update, between an update and its bookkeeping
     ("magrpo-mp", "update@2"),         # the parent of the agents' worker processes

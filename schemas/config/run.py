@@ -130,6 +130,11 @@ class RunConfig(_Strict):
                             "run's final checkpoint keeps it) | none (the final one drops it too; continuing the run "
                             "replays its stored updates). Resuming is exact either way; weights-only checkpoints "
                             "are stored under '<key>-weights'.")
+    checkpoint_in_background: bool = Field(
+        True, description="Write each segment's checkpoint while the next segment (or the final evaluation) starts: "
+                          "the agents' files are written and hashed on a thread where each agent lives, from the "
+                          "live weights, and the next policy update waits for them; the checkpoint is recorded "
+                          "only once written. false = write it before going on. The same files either way.")
     eval_before: bool = Field(True, description="Evaluate the initial policies before training on the same eval "
                                                 "items and eval seed as the final evaluation (summary eval_before, "
                                                 "MLflow eval_before/*; the reference evaluates at batch 0).")

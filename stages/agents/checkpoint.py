@@ -85,6 +85,11 @@ class CheckpointLayout:
     def agent_critic_optimizer(self, i: int) -> Path:
         return self.root / "optimizer" / f"critic_{i}.pt"
 
+    def agent_files(self, i: int) -> list[Path]:
+        """Every file of agent i's part (its dir, its optimizer states) that is there."""
+        extra = [f for f in (self.agent_optimizer(i), self.agent_critic_optimizer(i)) if f.is_file()]
+        return sorted(p for p in self.agent(i).rglob("*") if p.is_file()) + extra
+
     @property
     def central_critic(self) -> Path:
         return self.root / "critic"

@@ -13,14 +13,17 @@ import json
 import logging
 import os
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import wait as futures_wait
 from pathlib import Path
 
 import torch
 
 from coopflow.artifacts import faults
 from coopflow.stages.agents.checkpoint import CheckpointLayout
-from coopflow.stages.agents.state import AgentState, CriticState, Policies
+from coopflow.artifacts.store import sha256_file
+from coopflow.stages.agents.state import AgentState, CriticState, Policies, write_beside
 from coopflow.stages.agents.spec import AgentSpec
 
 log = logging.getLogger(__name__)
@@ -283,19 +286,66 @@ def load_policies(specs: list[AgentSpec]) -> Policies:
     return Policies([load_agent_state(spec) for spec in specs])
 
 
-def save_checkpoint(policies, out: Path, state: dict) -> None:
-    """Write a whole checkpoint into `out` (every agent, MAAC's central critic, the trainer state)."""
+def begin_save(agent: AgentState, out: Path, index: int) -> None:
+    """Per-agent op: start writing agent i's part of the checkpoint at `out` on a writer thread of the process that
+    holds it, reading the weights and optimizer state in place (no copy): the agent's next optimizer step waits for
+    it (`AgentState.ensure_optimizer`). In-process LoRA agents (one model, adapters switched per agent) write now."""
+    if agent.writing is not None:  # an earlier write nobody collected (another agent's write failed first)
+        futures_wait([agent.writing])
+    future = Future()
+    if agent.activate is not None:
+        future.set_result(_save_and_hash(agent, out, index))
+    else:
+        future = write_beside(_save_and_hash, agent, out, index)
+    agent.writing = future
+
+
+def _save_and_hash(agent: AgentState, out: Path, index: int) -> dict[str, str]:
+    save_agent(agent, out, index)
+    faults.hit("checkpoint-write")  # (tests: killed while a checkpoint is written beside the next phase)
     lay = CheckpointLayout(Path(out))
-    if isinstance(policies, Policies) and policies.n > 1 and all(a.activate is None for a in policies.agents):
-        # in-process agents with their own models: write them side by side (serialising and file writes release
-        # the GIL: 2 agents of 135 M parameters with optimizer state 1.2 -> 0.7 s); workers already write in parallel
-        with ThreadPoolExecutor(policies.n) as pool:
-            futures = [pool.submit(save_agent, policies.agents[i], out, i) for i in range(policies.n)]
-        errors = [f.exception() for f in futures if f.exception() is not None]
-        if errors:  # every agent's write has ended; raise the most telling failure (a full disk says so by name)
-            raise next((e for e in errors if isinstance(e, OSError)), errors[0])
-    else:  # LoRA agents share one model (switched per agent), worker groups run the op in each worker
-        policies.run(save_agent, [(out, i) for i in range(policies.n)])
-    if getattr(policies, "critic", None) is not None:  # MAAC's central critic
-        save_critic(policies.critic, lay.central_critic, lay.central_critic_optimizer)
-    lay.write_trainer_state(state)
+    return {str(f.relative_to(out)): sha256_file(f) for f in lay.agent_files(index)}
+
+
+def wait_save(agent: AgentState) -> None:
+    """Per-agent op: wait for `begin_save`'s write to end (its error is left for `finish_save`)."""
+    if agent.writing is not None:
+        futures_wait([agent.writing])
+
+
+def finish_save(agent: AgentState) -> dict[str, str]:
+    """Per-agent op: the sha256 of every file `begin_save` wrote (relative to the checkpoint), once written; raises
+    the write's error."""
+    future, agent.writing = agent.writing, None
+    return future.result() if future is not None else {}
+
+
+def begin_checkpoint(policies, out: Path, state: dict) -> Callable[[], dict[str, str]]:
+    """Start writing a whole checkpoint into `out`: each agent's part where it lives, beside whatever the caller does
+    next (`begin_save`); MAAC's central critic and the trainer state now. Returns `finish()`, which waits for every
+    agent's write and returns the digests of their files (`ArtifactStore.put_dir_behind` commits with them)."""
+    lay = CheckpointLayout(Path(out))
+    policies.run(begin_save, [(out, i) for i in range(policies.n)])
+
+    def finish() -> dict[str, str]:
+        policies.run(wait_save, [()] * policies.n)  # every write has ended before any error is raised
+        digests: dict[str, str] = {}
+        for part in policies.run(finish_save, [()] * policies.n):
+            digests.update(part)
+        return digests
+
+    try:
+        if getattr(policies, "critic", None) is not None:  # MAAC's central critic
+            save_critic(policies.critic, lay.central_critic, lay.central_critic_optimizer)
+        lay.write_trainer_state(state)
+    except BaseException:
+        policies.run(wait_save, [()] * policies.n)  # (the agents' writes end before the caller removes `out`)
+        raise
+    return finish
+
+
+def save_checkpoint(policies, out: Path, state: dict) -> dict[str, str]:
+    """Write a whole checkpoint into `out` (every agent, MAAC's central critic, the trainer state); the agents of a
+    group write side by side (in-process: on writer threads; workers: each in its process). Returns the digests of
+    the agents' files (for `ArtifactStore.put_dir`)."""
+    return begin_checkpoint(policies, out, state)()

@@ -9,11 +9,43 @@ process per agent (the op is pickled by reference, so the worker imports the mod
 """
 
 import contextlib
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
+
+# --- writes beside the next phase ------------------------------------------------------------------------------
+# A checkpoint is written on writer threads of the process that holds the agents (stages.agents.models.begin_save),
+# reading the live weights and optimizer state in place while generation or evaluation goes on: nothing may change
+# them until the write has ended, so whatever steps an optimizer gets it from `ensure_optimizer`, which waits.
+
+_WRITER: ThreadPoolExecutor | None = None
+_WRITER_LOCK = threading.Lock()
+_WRITES: list[Future] = []  # this process's writes that may still be running
+
+
+def write_beside(fn: Callable, *args) -> Future:
+    """Run `fn(*args)` on this process's writer threads (up to 4: the agents of an in-process group side by side)."""
+    global _WRITER
+    with _WRITER_LOCK:
+        if _WRITER is None:
+            _WRITER = ThreadPoolExecutor(4, thread_name_prefix="coopflow-checkpoint")
+        future = _WRITER.submit(fn, *args)
+        _WRITES.append(future)
+    return future
+
+
+def wait_for_writes() -> None:
+    """Block until this process's checkpoint writes have ended (their errors are reported by whoever collects them,
+    `stages.agents.models.finish_save`)."""
+    with _WRITER_LOCK:
+        running = list(_WRITES)
+        _WRITES.clear()
+    if running:
+        wait(running)
 
 
 @dataclass
@@ -32,6 +64,7 @@ class AgentState:
     activate: Callable[[], None] | None = None  # LoRA: make this agent's adapter the active one
     base_source: str | None = None  # LoRA: the shared base model's source
     compute_dtype: str | None = None  # agents.compute_dtype (resolved): the loss passes' autocast dtype; None = off
+    writing: Future | None = None  # its part of a checkpoint being written beside the next phase (begin_save)
 
     def autocast(self):
         """The loss forward's autocast context (`compute_dtype`), or a no-op."""
@@ -41,7 +74,9 @@ class AgentState:
         return torch.autocast(device, dtype=getattr(torch, self.compute_dtype))
 
     def ensure_optimizer(self):
-        """Per-agent AdamW (the reference's optimizer; fused kernels where torch has them)."""
+        """Per-agent AdamW (the reference's optimizer; fused kernels where torch has them), once no checkpoint write
+        reads the weights any more (every update gets its optimizer here)."""
+        wait_for_writes()
         if self.optimizer is None:
             params = (list(self.trainable) if self.trainable is not None
                       else [p for p in self.model.parameters() if p.requires_grad])
@@ -71,6 +106,8 @@ class CriticState:
     same_vocab: bool = True  # shares the actor's vocabulary: reuse its token ids instead of re-tokenizing
 
     def ensure_optimizer(self):
+        """AdamW over the backbone and head, once no checkpoint write reads them any more."""
+        wait_for_writes()
         if self.optimizer is None:
             self.optimizer = adamw([p for p in self.model.parameters() if p.requires_grad]
                                    + list(self.head.parameters()), self.lr)

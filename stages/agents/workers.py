@@ -198,8 +198,11 @@ class WorkerPolicies:
 
     def run(self, op, per_agent_args: list[tuple]) -> list:
         """Send the per-agent op `op(agent, *args)` to every worker at once, then collect results in agent order."""
-        for c, args in zip(self._conns, per_agent_args):
-            c.send((op, args))
+        for i, (c, args) in enumerate(zip(self._conns, per_agent_args)):
+            try:
+                c.send((op, args))
+            except OSError:  # (a broken pipe: the worker is gone)
+                raise RuntimeError(f"agent {i} worker: {self._died(i)}") from None
         replies: dict[int, tuple] = {}
         waiting = dict(enumerate(self._conns))
         while waiting:  # whichever worker is ready: its log lines are relayed as they come
@@ -207,8 +210,8 @@ class WorkerPolicies:
                 i = next(j for j, cj in waiting.items() if cj is c)
                 try:
                     msg = c.recv()
-                except EOFError:
-                    msg = ("error", ("RuntimeError", "worker process died", ""))
+                except (EOFError, OSError):  # (a reset connection: the worker is gone)
+                    msg = ("error", ("RuntimeError", self._died(i), ""))
                 if _log_here(msg):
                     continue
                 replies[i] = msg
@@ -217,6 +220,15 @@ class WorkerPolicies:
         if errors:
             _raise(*errors[0])
         return [replies[i][1] for i in range(len(self._conns))]
+
+    def _died(self, i: int) -> str:
+        """Why worker i is gone, in words."""
+        p = self._procs[i]
+        p.join(timeout=1)
+        code = p.exitcode
+        how = (f"killed by signal {-code}" if code is not None and code < 0 else
+               f"exit code {code}" if code is not None else "its pipe closed")
+        return f"the worker process died ({how})"
 
     def close(self) -> None:
         """Stop the workers."""

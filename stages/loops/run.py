@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from coopflow.artifacts import ArtifactError, ArtifactRef, ArtifactStore
+from coopflow.artifacts.store import PendingDir
 from coopflow.schemas.config import ConfigError
 from coopflow.stages.agents.checkpoint import (CheckpointLayout, drop_optimizer_state, find_checkpoint, is_weights_only,
                                      policy_key_of)
@@ -48,7 +49,13 @@ class TrainResult:
 
     @property
     def checkpoint(self) -> ArtifactRef | None:
+        """The final checkpoint (waits for its write when it is still running)."""
         return self.segments[-1].checkpoint if self.segments else None
+
+    @property
+    def checkpoint_key(self) -> str | None:
+        """The final checkpoint's key (never waits)."""
+        return self.segments[-1].checkpoint_key if self.segments else None
 
     @property
     def steps_refs(self) -> list[ArtifactRef]:
@@ -88,17 +95,27 @@ def run_segments(ctx: RunContext, run_segment: SegmentRunner | None = None,
     out, ckpt, key = TrainResult(), None, ctx.plan.start_key
     for i, end in enumerate(ctx.end_keys):
         res = run_segment(ctx, i, ckpt, key)
-        if policy_key_of(res.checkpoint.key) != end:
-            raise RuntimeError(f"segment {i} produced policy {res.checkpoint.key}, planned {end}")
-        if keep != "all" and i > 0:  # segment i's checkpoint is committed: i-1's optimizer state is not needed
-            out.segments[i - 1].checkpoint = drop_optimizer_state(ctx.store, ctx.end_keys[i - 1])
-        ckpt, key = res.checkpoint, end
+        if policy_key_of(res.checkpoint_key) != end:
+            raise RuntimeError(f"segment {i} produced policy {res.checkpoint_key}, planned {end}")
+        if keep != "all" and i > 0:  # once segment i's checkpoint is committed, i-1's optimizer state is not needed
+            _after_commit(res, lambda _, prev=out.segments[i - 1], k=ctx.end_keys[i - 1]:
+                          setattr(prev, "checkpoint", drop_optimizer_state(ctx.store, k)))
+        # (a checkpoint still being written: the next segment continues from the live policies, or finds it)
+        ckpt, key = res.committed, end
         out.add(ctx.store, res)
         if on_segment is not None:
             on_segment(i, res)
     if keep == "none" and out.segments:
         out.segments[-1].checkpoint = drop_optimizer_state(ctx.store, ctx.end_keys[-1])
     return out
+
+
+def _after_commit(res: SegmentResult, fn: Callable[[ArtifactRef], None]) -> None:
+    """Run `fn(ref)` once segment `res`'s checkpoint is committed (now when it already is)."""
+    if isinstance(res.written, PendingDir):
+        res.written.after(fn)
+    else:
+        fn(res.written)
 
 
 def segments_to_rebuild(ctx: RunContext) -> set[int]:
@@ -142,16 +159,22 @@ def run_lineage(store: ArtifactStore, trained: TrainResult) -> list[tuple[str, A
     return out
 
 
-def training_summary(store: ArtifactStore, trained: TrainResult) -> dict:
-    """The training part of a run summary: env_steps, reward first/last fifth, seconds, checkpoint."""
+def training_summary(store: ArtifactStore, trained: TrainResult, waited: float = 0.0) -> dict:
+    """The training part of a run summary: env_steps, reward first/last fifth, seconds, checkpoint. `waited`: the
+    seconds the run waited for its final checkpoint after the segments (a write beside the evaluation), counted as
+    training time and as `checkpoint_wait`."""
     t = timing_totals(store, trained.metrics_refs)
+    if waited:
+        t["checkpoint_wait_s"] = t.get("checkpoint_wait_s", 0.0) + waited
+        t["train_s"] = t.get("train_s", 0.0) + waited
     train_s, load_s = t.get("train_s", 0.0), t.get("load_s", 0.0)
     first, last = trained.first_last()
     env = trained.env_steps
     return {"env_steps": env, "reward_first": first, "reward_last": last, "train_seconds": train_s,
             "load_seconds": load_s, "env_steps_per_s": (env / train_s) if train_s > 0 else None,
             "seconds": {k.removesuffix("_s"): round(v, 3) for k, v in sorted(t.items())
-                        if k in ("generate_s", "reward_s", "score_s", "update_s", "checkpoint_s", "eval_s")},
+                        if k in ("generate_s", "reward_s", "score_s", "update_s", "checkpoint_s", "checkpoint_wait_s",
+                                 "eval_s")},
             # (named, not read: hashing its files here cost ~40 ms per run; whoever loads it verifies it)
             "checkpoint": str(store.open_dir(trained.checkpoint, verify=False)),
             "segments_cached": [s.cached for s in trained.segments]}
@@ -266,9 +289,12 @@ def first_last_fifth(values: list[float]) -> tuple[float | None, float | None]:
     return sum(values[:k]) / k, sum(values[-k:]) / k
 
 
-def evaluate_checkpoint(ctx: RunContext, ckpt: ArtifactRef) -> tuple[ArtifactRef, dict[str, float]]:
-    """Evaluate a checkpoint on the eval split (eval_num_samples items; all when 0) -> eval artifact + metrics."""
-    return _evaluate(ctx, policy_key_of(ckpt.key), lambda: peek_policies(ctx, ckpt))
+def evaluate_checkpoint(ctx: RunContext, ckpt: ArtifactRef | str) -> tuple[ArtifactRef, dict[str, float]]:
+    """Evaluate a checkpoint (its ref, or its key: the live policies when they are that checkpoint, else the stored
+    one, waited for when it is still being written) on the eval split (eval_num_samples items; all when 0) -> eval
+    artifact + metrics."""
+    key = ckpt if isinstance(ckpt, str) else ckpt.key
+    return _evaluate(ctx, policy_key_of(key), lambda: peek_policies(ctx, ckpt))
 
 
 def evaluate_initial(ctx: RunContext) -> tuple[ArtifactRef, dict[str, float]]:

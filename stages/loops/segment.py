@@ -15,14 +15,16 @@ rollouts are already stored (no generation), so no completed step is lost; a ful
 returns its refs without loading a model.
 """
 
+import logging
 import time
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass
 
-from coopflow.artifacts import ArtifactRef
+from coopflow.artifacts import ArtifactError, ArtifactRef
+from coopflow.artifacts.store import PendingDir
 from coopflow.stages.agents.checkpoint import CheckpointLayout, find_checkpoint, is_weights_only, policy_key_of
-from coopflow.stages.agents.models import load_critic, load_policies, save_checkpoint
+from coopflow.stages.agents.models import begin_checkpoint, load_critic, load_policies, save_checkpoint
 from coopflow.stages.agents.spec import specs_for
 from coopflow.stages.agents.state import set_compute_dtype
 from coopflow.stages.agents.workers import WorkerPolicies, agent_devices
@@ -39,6 +41,8 @@ from coopflow.stages.score.advantages import (advantage_stats, agent_reward, com
                                               local_reward_means, tree_children)
 from coopflow.stages.tasks.centralized import parse_failures, split_roles
 from coopflow.stages.update.policy_gradient import Objective, update_policies
+
+log = logging.getLogger(__name__)
 
 
 def score_or_load(ctx: RunContext, rows: list[dict], by_id: dict[int, dict], key: str,
@@ -119,6 +123,7 @@ def acquire_policies(ctx: RunContext, start: ArtifactRef | None, start_key: str,
     pol = ctx.session.live.take(policy_key_of(start_key))
     if pol is not None:
         return pol
+    ctx.store.settle()  # (the policies about to be closed may still be writing a checkpoint)
     ctx.session.live.clear()
     if start is None and ctx.session.initial is not None and tuple(ctx.sources) == ctx.session.initial_sources:
         # the caller's live agents, which hold the weights of exactly these sources
@@ -132,12 +137,27 @@ def acquire_policies(ctx: RunContext, start: ArtifactRef | None, start_key: str,
     return open_checkpoint(ctx, start, settings=settings)
 
 
-def peek_policies(ctx: RunContext, ckpt: ArtifactRef):
-    """Policies of a checkpoint for read-only use (evaluation), reusing the live copy if it matches."""
-    pol = ctx.session.live.peek(policy_key_of(ckpt.key))
+def settle_quietly(ctx: RunContext) -> None:
+    """Commit a checkpoint still being written, on a path that is already failing: its own error is logged, not
+    raised (the first error is the one to see); a checkpoint that cannot be committed is simply not stored."""
+    try:
+        ctx.store.settle()
+    except Exception as err:  # noqa: BLE001
+        log.warning("a checkpoint written in the background was not stored: %s", err)
+
+
+def peek_policies(ctx: RunContext, ckpt: ArtifactRef | str):
+    """Policies of a checkpoint (its ref or key) for read-only use (evaluation), reusing the live copy if it
+    matches."""
+    key = policy_key_of(ckpt if isinstance(ckpt, str) else ckpt.key)
+    pol = ctx.session.live.peek(key)
     if pol is None:
-        pol = open_checkpoint(ctx, ckpt)
-        ctx.session.live.put(policy_key_of(ckpt.key), pol)
+        ref = find_checkpoint(ctx.store, key) if isinstance(ckpt, str) else ckpt
+        if ref is None:
+            raise ArtifactError(f"checkpoint {key} is not stored; run the 'train' stage first")
+        ctx.store.settle()  # (the live policies are about to be replaced: their checkpoint write ends first)
+        pol = open_checkpoint(ctx, ref)
+        ctx.session.live.put(key, pol)
     return pol
 
 
@@ -146,12 +166,38 @@ def peek_policies(ctx: RunContext, ckpt: ArtifactRef):
 
 @dataclass
 class SegmentResult:
-    """Refs a finished segment produced (all artifacts); `cached` when it was already stored."""
+    """Refs a finished segment produced (all artifacts); `cached` when it was already stored.
 
-    checkpoint: ArtifactRef
+    `written`: the checkpoint's ref, or its write still running beside the next phase (`PendingDir`, see
+    `checkpoint_in_background`); `checkpoint` waits for that write (and commits it), `checkpoint_key` does not."""
+
+    written: "ArtifactRef | PendingDir"
     steps: ArtifactRef
     metrics: ArtifactRef
     cached: bool = False
+
+    @property
+    def checkpoint(self) -> ArtifactRef:
+        if isinstance(self.written, PendingDir):
+            self.written = self.written.result()
+        return self.written
+
+    @checkpoint.setter
+    def checkpoint(self, ref: ArtifactRef) -> None:
+        self.written = ref
+
+    @property
+    def checkpoint_key(self) -> str:
+        return self.written.key
+
+    @property
+    def committed(self) -> "ArtifactRef | None":
+        """The checkpoint's ref when its write has been committed (never waits), else None."""
+        if isinstance(self.written, PendingDir):
+            if not self.written.done:
+                return None
+            self.written = self.written.result()
+        return self.written
 
 
 def turn_metrics(scores: list[dict], rollouts: list[dict], returns: dict[tuple, float],
@@ -249,6 +295,12 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     if all(done) and seg_index not in ctx.session.rebuild:  # the whole segment is already stored: nothing to run
         return SegmentResult(done[0], done[1], done[2], cached=True)
     t_load = time.perf_counter()
+    if start is None and seg_index > 0 and ctx.session.live.peek(policy_key_of(start_key)) is None:
+        # the previous segment's checkpoint was still being written when it returned: committed by now, or now
+        start = find_checkpoint(store, start_key)
+        if start is None:
+            raise ArtifactError(f"segment {seg_index + 1} starts from checkpoint {start_key}, which is not stored "
+                                "(its write failed: see the error before this one); rerun to continue")
     pol = acquire_policies(ctx, start, start_key)
     t_train = time.perf_counter()
     fmts = formatters_for(ctx, pol)
@@ -308,6 +360,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
                 sref, scores = score_or_load(ctx, rows, by_id, sk, base)
                 timing["reward_s"] += ctx.caller.seconds - r0
             # --- advantages + update: the algorithm's strategy (critic-free baseline or actor-critic)
+            timing["checkpoint_wait_s"] += store.settle()  # the last checkpoint is committed before the update
             step_fn = _actor_critic_update if ctx.settings.actor_critic else _baseline_update
             aref, per_turn, um = step_fn(ctx, pol, rows, scores, keys, u, timing, t0)
             per_turn.update(domain_metrics(ctx, rows, scores))
@@ -333,6 +386,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
             state.update(update=u.index + 1, env_step=env_step, epoch=u.epoch)
             bar.set_postfix(reward=f"{reward_mean:.3f}", env_step=env_step)
     except BaseException:
+        settle_quietly(ctx)  # a checkpoint written beside this segment is complete: keep it
         ctx.session.live.clear()  # the in-memory weights are mid-segment: never reuse them
         raise
     finally:
@@ -346,7 +400,10 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     ckpt_key = policy_key  # a checkpoint is stored under the key of the policy version it holds
     # (the logging position is this run's, not the policy's: a run with other logging settings shares the checkpoint)
     stored_state = {k: v for k, v in state.items() if k != "last_logged"}
-    ckpt = store.put_dir("checkpoint", ckpt_key, lambda d: save_checkpoint(pol, d, stored_state))
+    if ctx.settings.execution.checkpoint_in_background:  # written while the next segment or the evaluation starts
+        ckpt = store.put_dir_behind("checkpoint", ckpt_key, lambda d: begin_checkpoint(pol, d, stored_state))
+    else:
+        ckpt = store.put_dir("checkpoint", ckpt_key, lambda d: save_checkpoint(pol, d, stored_state))
     ctx.session.calls["checkpoint"] += 1
     timing["checkpoint_s"] += time.perf_counter() - t0
     timing["load_s"] = t_train - t_load
