@@ -1,6 +1,7 @@
 """Fault injection for the reliability tests: `COOPFLOW_FAULT=<point>[@N]` makes this process SIGKILL itself
 the N-th time (default 1st) it reaches `<point>` — e.g. `commit:checkpoint` (an artifact written, not yet
-renamed into place), `generate@3`, `update`, `mlflow-log`. Unset, `hit` costs one dict lookup."""
+renamed into place), `checkpoint-write` (on the writer thread of a checkpoint written beside the next segment),
+`generate@3`, `update`, `mlflow-log`. Unset, `hit` costs one dict lookup."""
 
 import os
 import signal

@@ -370,6 +370,11 @@ class ArtifactStore:
 
     def _raise_if_full(self, err: BaseException, kind: str) -> None:
         if isinstance(err, Exception) and _out_of_space(err):
+            if self._behind:  # a write running beside this one may be what filled the disk: that is the one to name
+                try:
+                    self.settle()
+                except StoreFullError as full:
+                    raise full from err
             free = shutil.disk_usage(self.root).free
             raise StoreFullError(
                 f"no space left under {self.root} while writing a {kind} artifact ({free / 2**20:.1f} MiB free "
@@ -601,6 +606,7 @@ class PendingDir:
         if self.done:
             return 0.0
         t0 = time.perf_counter()
+        self.store._behind.pop((self.kind, self.key), None)  # (settled from here on: never waited for twice)
         try:
             digests = self._finish()
             self._ref = self.store._commit(self.kind, self.key, lambda d: None, rows=None, table=False,
@@ -613,8 +619,6 @@ class PendingDir:
                     self.store._raise_if_full(err, self.kind)
                 except StoreFullError as full:
                     self._error = full
-        finally:
-            self.store._behind.pop((self.kind, self.key), None)
         if self._ref is not None:
             for fn in self._after:
                 fn(self._ref)

@@ -277,3 +277,13 @@ def test_a_draw_over_the_survivors_has_the_vocabulary_draws_distribution():
     a = FD._draw(logits, 0.8, None, 0.9, True, True)
     torch.manual_seed(3)
     assert torch.equal(a, torch.multinomial(FD._warp(logits, 0.8, None, 0.9).softmax(-1), 1).squeeze(1))
+
+
+def test_packed_true_where_weights_cannot_be_packed_is_refused(tiny_model_dir):
+    """`packed=True` asks for oneDNN's bf16 layout: with float32 compute (or off a bf16 CPU) it is one clear error
+    instead of a oneDNN call on weights it cannot take."""
+    model, tok = load_agent(tiny_model_dir)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    with pytest.raises(ValueError, match="cannot be pre-packed"):
+        FD.sample(model, enc.input_ids, enc.attention_mask, 4, 0.8, 50, 0.95, None, tok.pad_token_id,
+                  compute_dtype=torch.float32, packed=True)

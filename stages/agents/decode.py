@@ -330,6 +330,9 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     dt = compute_dtype or wide
     narrow = dt != wide
     pack = packs(dt, dev) if packed is None and narrow else bool(packed)
+    if pack and not packs(dt, dev):
+        raise ValueError(f"packed=True: weights in {dt} on {dev} cannot be pre-packed for oneDNN (a CPU with bf16 "
+                         "support and a bf16 compute dtype only); leave packed=None")
     kv_dt = dt if (narrow and fast_bf16_attention(dev) if narrow_cache is None else narrow_cache) else wide
     draw_survivors = narrow if survivors is None else survivors
     layers = [_layer_weights(layer, dt, wide, B, pack) for layer in inner.layers]
