@@ -252,7 +252,8 @@ class ArtifactStore:
                        start: Callable[[Path], Callable[[], dict[str, str]]]) -> "ArtifactRef | PendingDir":
         """`put_dir` whose files are still being written when it returns (a checkpoint written while the next phase
         runs). `start(tmp)` begins filling the temp dir and returns `finish()`, which waits for the writes and
-        returns the sha256 of the files it wrote (by relative path; any other file is hashed at commit).
+        returns the sha256 of the files it wrote (by relative path; any other file is hashed at commit); an `ended`
+        attribute of `finish` (time.time()) says when those writes ended, else the commit time counts.
 
         Returns a `PendingDir`: `result()` (or any `find` of this kind and key here) waits for `finish`, then
         commits as `put_dir` does; the key is recorded only then, so a process killed before leaves only a temp dir,
@@ -586,6 +587,8 @@ class PendingDir:
         self._ref: ArtifactRef | None = None
         self._error: BaseException | None = None
         self._after: list[Callable[[ArtifactRef], None]] = []
+        self.started = time.time()
+        self.seconds: float | None = None  # once committed: from put_dir_behind's return to the end of the writes
 
     @property
     def done(self) -> bool:
@@ -611,6 +614,8 @@ class PendingDir:
             digests = self._finish()
             self._ref = self.store._commit(self.kind, self.key, lambda d: None, rows=None, table=False,
                                            digests=digests, tmp=self._tmp)  # (removes the temp dir if it fails)
+            ended = getattr(self._finish, "ended", None) or time.time()  # (`finish` may say when its writes ended)
+            self.seconds = max(0.0, ended - self.started)
         except BaseException as err:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._error = err

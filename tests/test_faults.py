@@ -36,6 +36,8 @@ def _config(root: Path, algorithm: str) -> dict:
     if algorithm == "magrpo-mp":
         return {**base, "algorithm": "magrpo",
                 "trainer": {**t, "parallel_training": "mp", "agent_devices": ["cpu", "cpu"]}}
+    if algorithm == "magrpo-behind":
+        return {**base, "algorithm": "magrpo", "checkpoint_every": 2, "checkpoint_write": "background", "trainer": t}
     if algorithm == "iac":
         return {**base, "algorithm": "iac", "critic": {"critic_model": "tiny"},
                 "trainer": {**t, "num_generations": 1, "num_turns": 1}}
@@ -79,7 +81,7 @@ def _killed_leaving_nothing(proc, point: str, watch, what: str, log: Path | None
 
 @pytest.mark.parametrize("algorithm, point", [
     ("magrpo", "commit:checkpoint"),   # during a checkpoint write (complete, not yet renamed into place)
-    ("magrpo", "checkpoint-write"),    # while a checkpoint is written beside the next segment (its writer thread)
+    ("magrpo-behind", "checkpoint-write"),  # while a checkpoint is written beside the next segment (writer thread)
     ("magrpo", "generate@3"),          # mid-generation, after two updates
     ("magrpo", "update@3"),            # mid-update, between an update and its bookkeeping
     ("magrpo-mp", "update@2"),         # the parent of the agents' worker processes

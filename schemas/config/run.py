@@ -130,11 +130,12 @@ class RunConfig(_Strict):
                             "run's final checkpoint keeps it) | none (the final one drops it too; continuing the run "
                             "replays its stored updates). Resuming is exact either way; weights-only checkpoints "
                             "are stored under '<key>-weights'.")
-    checkpoint_in_background: bool = Field(
-        True, description="Write each segment's checkpoint while the next segment (or the final evaluation) starts: "
-                          "the agents' files are written and hashed on a thread where each agent lives, from the "
-                          "live weights, and the next policy update waits for them; the checkpoint is recorded "
-                          "only once written. false = write it before going on. The same files either way.")
+    checkpoint_write: Literal["auto", "background", "inline"] = Field(
+        "auto", description="How each segment's checkpoint is written: background = while the next segment (or the "
+                            "final evaluation) starts, each agent's files written and hashed on a thread where the "
+                            "agent lives and the next update waiting for them; inline = before the run goes on; "
+                            "auto = background where the agents run on a GPU, inline on CPUs (where the write takes "
+                            "the cores the next phase needs). The same files either way.")
     eval_before: bool = Field(True, description="Evaluate the initial policies before training on the same eval "
                                                 "items and eval seed as the final evaluation (summary eval_before, "
                                                 "MLflow eval_before/*; the reference evaluates at batch 0).")

@@ -12,6 +12,7 @@
 import json
 import logging
 import os
+import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -300,11 +301,12 @@ def begin_save(agent: AgentState, out: Path, index: int) -> None:
     agent.writing = future
 
 
-def _save_and_hash(agent: AgentState, out: Path, index: int) -> dict[str, str]:
+def _save_and_hash(agent: AgentState, out: Path, index: int) -> tuple[dict[str, str], float]:
+    """Write agent i's part and hash its files: (their digests, when it ended as time.time())."""
     save_agent(agent, out, index)
     faults.hit("checkpoint-write")  # (tests: killed while a checkpoint is written beside the next phase)
     lay = CheckpointLayout(Path(out))
-    return {str(f.relative_to(out)): sha256_file(f) for f in lay.agent_files(index)}
+    return {str(f.relative_to(out)): sha256_file(f) for f in lay.agent_files(index)}, time.time()
 
 
 def wait_save(agent: AgentState) -> None:
@@ -313,11 +315,11 @@ def wait_save(agent: AgentState) -> None:
         futures_wait([agent.writing])
 
 
-def finish_save(agent: AgentState) -> dict[str, str]:
-    """Per-agent op: the sha256 of every file `begin_save` wrote (relative to the checkpoint), once written; raises
-    the write's error."""
+def finish_save(agent: AgentState) -> tuple[dict[str, str], float]:
+    """Per-agent op: the sha256 of every file `begin_save` wrote (relative to the checkpoint) and when the write
+    ended (time.time()), once written; raises the write's error."""
     future, agent.writing = agent.writing, None
-    return future.result() if future is not None else {}
+    return future.result() if future is not None else ({}, time.time())
 
 
 def begin_checkpoint(policies, out: Path, state: dict) -> Callable[[], dict[str, str]]:
@@ -326,14 +328,7 @@ def begin_checkpoint(policies, out: Path, state: dict) -> Callable[[], dict[str,
     agent's write and returns the digests of their files (`ArtifactStore.put_dir_behind` commits with them)."""
     lay = CheckpointLayout(Path(out))
     policies.run(begin_save, [(out, i) for i in range(policies.n)])
-
-    def finish() -> dict[str, str]:
-        policies.run(wait_save, [()] * policies.n)  # every write has ended before any error is raised
-        digests: dict[str, str] = {}
-        for part in policies.run(finish_save, [()] * policies.n):
-            digests.update(part)
-        return digests
-
+    finish = _Finish(policies)
     try:
         if getattr(policies, "critic", None) is not None:  # MAAC's central critic
             save_critic(policies.critic, lay.central_critic, lay.central_critic_optimizer)
@@ -342,6 +337,23 @@ def begin_checkpoint(policies, out: Path, state: dict) -> Callable[[], dict[str,
         policies.run(wait_save, [()] * policies.n)  # (the agents' writes end before the caller removes `out`)
         raise
     return finish
+
+
+class _Finish:
+    """`finish()` of `begin_checkpoint`: waits for every agent's write, returns their files' digests; `ended`: when
+    the last of them ended (time.time(), for the time a write took beside other work)."""
+
+    def __init__(self, policies):
+        self.policies, self.ended = policies, None
+
+    def __call__(self) -> dict[str, str]:
+        n = self.policies.n
+        self.policies.run(wait_save, [()] * n)  # every write has ended before any error is raised
+        digests: dict[str, str] = {}
+        for part, ended in self.policies.run(finish_save, [()] * n):
+            digests.update(part)
+            self.ended = max(self.ended or ended, ended)
+        return digests
 
 
 def save_checkpoint(policies, out: Path, state: dict) -> dict[str, str]:

@@ -159,14 +159,15 @@ def run_lineage(store: ArtifactStore, trained: TrainResult) -> list[tuple[str, A
     return out
 
 
-def training_summary(store: ArtifactStore, trained: TrainResult, waited: float = 0.0) -> dict:
-    """The training part of a run summary: env_steps, reward first/last fifth, seconds, checkpoint. `waited`: the
-    seconds the run waited for its final checkpoint after the segments (a write beside the evaluation), counted as
-    training time and as `checkpoint_wait`."""
+def training_summary(store: ArtifactStore, trained: TrainResult) -> dict:
+    """The training part of a run summary: env_steps, reward first/last fifth, seconds, checkpoint. Training ends
+    when the final checkpoint is committed: a final checkpoint written beside the evaluation counts its time from
+    the last segment's end to its commit (the evaluation meanwhile is slower by whatever the write takes from it)."""
     t = timing_totals(store, trained.metrics_refs)
-    if waited:
-        t["checkpoint_wait_s"] = t.get("checkpoint_wait_s", 0.0) + waited
-        t["train_s"] = t.get("train_s", 0.0) + waited
+    tail = trained.segments[-1].write_seconds if trained.segments else 0.0
+    if tail:
+        t["checkpoint_s"] = t.get("checkpoint_s", 0.0) + tail
+        t["train_s"] = t.get("train_s", 0.0) + tail
     train_s, load_s = t.get("train_s", 0.0), t.get("load_s", 0.0)
     first, last = trained.first_last()
     env = trained.env_steps

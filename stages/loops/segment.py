@@ -137,6 +137,17 @@ def acquire_policies(ctx: RunContext, start: ArtifactRef | None, start_key: str,
     return open_checkpoint(ctx, start, settings=settings)
 
 
+def writes_behind(ctx: RunContext) -> bool:
+    """Whether this run writes its checkpoints beside the next phase (`checkpoint_write`; auto: where an agent runs
+    on a GPU, whose generation leaves the CPU cores free for the write; on CPUs the write takes the cores the next
+    phase needs, and measured no faster end to end)."""
+    mode = ctx.settings.execution.checkpoint_write
+    if mode != "auto":
+        return mode == "background"
+    devices = agent_devices(ctx.settings.execution.trainer.agent_devices, ctx.n, ctx.settings.policy.agents.device)
+    return any(str(d).startswith("cuda") for d in devices)
+
+
 def settle_quietly(ctx: RunContext) -> None:
     """Commit a checkpoint still being written, on a path that is already failing: its own error is logged, not
     raised (the first error is the one to see); a checkpoint that cannot be committed is simply not stored."""
@@ -169,22 +180,24 @@ class SegmentResult:
     """Refs a finished segment produced (all artifacts); `cached` when it was already stored.
 
     `written`: the checkpoint's ref, or its write still running beside the next phase (`PendingDir`, see
-    `checkpoint_in_background`); `checkpoint` waits for that write (and commits it), `checkpoint_key` does not."""
+    `checkpoint_write`); `checkpoint` waits for that write (and commits it), `checkpoint_key` does not.
+    `replaced`: the weights-only checkpoint that replaced it (`checkpoint_optimizer`)."""
 
     written: "ArtifactRef | PendingDir"
     steps: ArtifactRef
     metrics: ArtifactRef
     cached: bool = False
+    replaced: ArtifactRef | None = None
 
     @property
     def checkpoint(self) -> ArtifactRef:
-        if isinstance(self.written, PendingDir):
-            self.written = self.written.result()
-        return self.written
+        if self.replaced is not None:
+            return self.replaced
+        return self.written.result() if isinstance(self.written, PendingDir) else self.written
 
     @checkpoint.setter
     def checkpoint(self, ref: ArtifactRef) -> None:
-        self.written = ref
+        self.replaced = ref
 
     @property
     def checkpoint_key(self) -> str:
@@ -193,11 +206,14 @@ class SegmentResult:
     @property
     def committed(self) -> "ArtifactRef | None":
         """The checkpoint's ref when its write has been committed (never waits), else None."""
-        if isinstance(self.written, PendingDir):
-            if not self.written.done:
-                return None
-            self.written = self.written.result()
-        return self.written
+        if isinstance(self.written, PendingDir) and not self.written.done:
+            return None
+        return self.checkpoint
+
+    @property
+    def write_seconds(self) -> float:
+        """How long the checkpoint took to be committed after the segment returned (0 when written before)."""
+        return (self.written.seconds or 0.0) if isinstance(self.written, PendingDir) else 0.0
 
 
 def turn_metrics(scores: list[dict], rollouts: list[dict], returns: dict[tuple, float],
@@ -400,7 +416,7 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
     ckpt_key = policy_key  # a checkpoint is stored under the key of the policy version it holds
     # (the logging position is this run's, not the policy's: a run with other logging settings shares the checkpoint)
     stored_state = {k: v for k, v in state.items() if k != "last_logged"}
-    if ctx.settings.execution.checkpoint_in_background:  # written while the next segment or the evaluation starts
+    if writes_behind(ctx):  # written while the next segment or the evaluation starts
         ckpt = store.put_dir_behind("checkpoint", ckpt_key, lambda d: begin_checkpoint(pol, d, stored_state))
     else:
         ckpt = store.put_dir("checkpoint", ckpt_key, lambda d: save_checkpoint(pol, d, stored_state))

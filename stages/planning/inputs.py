@@ -152,7 +152,7 @@ NO_EFFECT: dict[str, str] = {
     "remote_store": _STORE,
     "remote_store_options": _STORE,
     "eval_before": "selects an extra evaluation of the start policies (stored under its own eval key)",
-    "checkpoint_in_background": _EXECUTION + " (the same checkpoint files, written beside the next phase; tested)",
+    "checkpoint_write": _EXECUTION + " (the same checkpoint files, written beside the next phase or before it; tested)",
     "checkpoint_optimizer": "slims stored checkpoints to weights only once not needed; a run that needs the dropped "
                             "optimizer state replays its stored rollouts to rebuild it",
     "trainer.num_agents": "validated equal to agents.num_agents, which is the input",
@@ -172,11 +172,12 @@ NOT_READ: dict[str, tuple[tuple[str, ...], str]] = {
                "trainer.early_termination_threshold", "trainer.num_policy_epochs", "trainer.clip_range",
                "trainer.ratio_level", "trainer.tree_expansion", "trainer.team_reward_weight",
                "trainer.loss_chunk_tokens", "trainer.loss_on_padding", "trainer.reference_kl_coef",
-               "trainer.reference_kl_enabled", "checkpoint_every", "checkpoint_in_background"),
+               "trainer.reference_kl_enabled", "checkpoint_every", "checkpoint_write"),
               "MADPO trains by DPO on its pairs: these MAGRPO settings of CoMLRL's MADPOConfig are accepted, not read"),
     "marlhf": (("trainer.dpo_beta", "trainer.use_environment_step", "trainer.environment_steps_per_pair"),
                "MARLHF fits a reward model and runs RL on it: the DPO settings its config inherits are not read"),
-    "madpo-iter": (("checkpoint_every", "checkpoint_in_background"), "a round trains by DPO in one piece: there are no segments to checkpoint"),
+    "madpo-iter": (("checkpoint_every", "checkpoint_write"),
+                   "a round trains by DPO in one piece: there are no segments to checkpoint"),
 }
 """Fields an algorithm's config accepts (for CoMLRL compatibility) but its run never reads."""
 
