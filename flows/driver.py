@@ -83,7 +83,7 @@ def evaluate_step(ctx: C.RunContext, ckpt: ArtifactRef | str, refresh: bool) -> 
     """Single-path evaluation of a checkpoint (its ref or key) on the eval split (`refresh`: drop a stored one
     first)."""
     if refresh:
-        ctx.store.remove("eval", eval_key(ctx, policy_key_of(ckpt if isinstance(ckpt, str) else ckpt.key)))
+        ctx.store.remove("eval", eval_key(ctx, policy_key_of(ckpt)))
     return R.evaluate_checkpoint(ctx, ckpt)
 
 

@@ -37,9 +37,9 @@ def weights_only_key(policy_key: str) -> str:
     return policy_key + WEIGHTS_ONLY
 
 
-def policy_key_of(checkpoint_key: str) -> str:
-    """The policy version a checkpoint key holds (with or without its optimizer state)."""
-    return checkpoint_key.removesuffix(WEIGHTS_ONLY)
+def policy_key_of(checkpoint: ArtifactRef | str) -> str:
+    """The policy version a checkpoint (ref or key) holds (with or without its optimizer state)."""
+    return (checkpoint if isinstance(checkpoint, str) else checkpoint.key).removesuffix(WEIGHTS_ONLY)
 
 
 def is_weights_only(ref: ArtifactRef | str) -> bool:

@@ -293,12 +293,11 @@ def begin_save(agent: AgentState, out: Path, index: int) -> None:
     it (`AgentState.ensure_optimizer`). In-process LoRA agents (one model, adapters switched per agent) write now."""
     if agent.writing is not None:  # an earlier write nobody collected (another agent's write failed first)
         futures_wait([agent.writing])
-    future = Future()
     if agent.activate is not None:
-        future.set_result(_save_and_hash(agent, out, index))
+        agent.writing = Future()
+        agent.writing.set_result(_save_and_hash(agent, out, index))
     else:
-        future = write_beside(_save_and_hash, agent, out, index)
-    agent.writing = future
+        agent.writing = write_beside(_save_and_hash, agent, out, index)
 
 
 def _save_and_hash(agent: AgentState, out: Path, index: int) -> tuple[dict[str, str], float]:

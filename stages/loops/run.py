@@ -294,8 +294,7 @@ def evaluate_checkpoint(ctx: RunContext, ckpt: ArtifactRef | str) -> tuple[Artif
     """Evaluate a checkpoint (its ref, or its key: the live policies when they are that checkpoint, else the stored
     one, waited for when it is still being written) on the eval split (eval_num_samples items; all when 0) -> eval
     artifact + metrics."""
-    key = ckpt if isinstance(ckpt, str) else ckpt.key
-    return _evaluate(ctx, policy_key_of(key), lambda: peek_policies(ctx, ckpt))
+    return _evaluate(ctx, policy_key_of(ckpt), lambda: peek_policies(ctx, ckpt))
 
 
 def evaluate_initial(ctx: RunContext) -> tuple[ArtifactRef, dict[str, float]]:

@@ -160,7 +160,7 @@ def settle_quietly(ctx: RunContext) -> None:
 def peek_policies(ctx: RunContext, ckpt: ArtifactRef | str):
     """Policies of a checkpoint (its ref or key) for read-only use (evaluation), reusing the live copy if it
     matches."""
-    key = policy_key_of(ckpt if isinstance(ckpt, str) else ckpt.key)
+    key = policy_key_of(ckpt)
     pol = ctx.session.live.peek(key)
     if pol is None:
         ref = find_checkpoint(ctx.store, key) if isinstance(ckpt, str) else ckpt
