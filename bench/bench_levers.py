@@ -25,6 +25,14 @@ so machine drift cancels; the printed ratio is baseline / lever (> 1: the lever 
 - decode_packed / decode_narrow_cache / decode_survivors: one bf16 decode lever off vs on (weights pre-packed for
   oneDNN; KV cache and attention in bf16; tokens drawn from the top-k survivors), runs' sampling (T 0.8, top-k 50,
   top-p 0.95), HumanEval-length prompts.
+- decode_pack_hint: decode weights packed for oneDNN with a 1-row batch hint (the default) vs the decode's own row
+  count; tokens compared.
+- decode_frozen: one decode step's projection matmuls through torch.compile with weight freezing (max-autotune:
+  inductor's own GEMM kernels) vs oneDNN's packed kernels: ms, GB/s, compile seconds (first, and again after the
+  weights change, as after every update), largest difference.
+- decode_prefix_attention: one layer's decode attention (random bf16 data of the model's shapes) as SDPA over each
+  row's whole cache vs shared-prefix attention (each prompt's keys read once for its K samples, merged with the
+  rows' own keys by log-sum-exp); seconds per 1000 calls, error against float32.
 - loss_chunked_lse: the shared-prompt loss forward + backward (bf16 autocast) with the sampled tokens' log-probs
   taken block by block in float32 (`token_logprobs(chunk=64)`, coopflow's default) vs the float32 copy of every
   position's logits and autograd's logsumexp; loss and gradients compared.
@@ -316,6 +324,141 @@ def lever_decode_packed(model, tok, a) -> dict:
     return _decode_ab(model, tok, a, "packed", (0.8, 50, 0.95))
 
 
+def lever_decode_pack_hint(model, tok, a) -> dict:
+    """Decode weights packed for oneDNN with a 1-row batch hint (coopflow's `PACK_HINT`) vs a hint of the decode's own
+    row count; the runs' sampling, HumanEval-length prompts; tokens compared (both are F.linear's products)."""
+    from coopflow.stages.agents import decode as FD
+
+    enc = tok(_humaneval_like(tok, a.rows), return_tensors="pt", padding=True)
+    kept = FD.PACK_HINT
+
+    def run(hint):
+        def go():
+            FD.PACK_HINT = hint
+            try:
+                torch.manual_seed(0)
+                return FD.sample(model, enc["input_ids"], enc["attention_mask"], a.tokens, 0.8, 50, 0.95, None,
+                                 tok.pad_token_id, compute_dtype=torch.bfloat16)
+            finally:
+                FD.PACK_HINT = kept
+        return go
+
+    tb, tl = interleave(run(a.rows), run(1), a.repeats)
+    return {"base_s": tb, "lever_s": tl, "same_tokens": bool(torch.equal(run(a.rows)(), run(1)()))}
+
+
+def lever_decode_frozen(model, tok, a) -> dict:
+    """torch.compile with weight freezing (max-autotune: inductor's own AMX/AVX512 GEMM kernels, weights packed at
+    compile time) against oneDNN's packed kernels, on one decode step's projection matmuls (q/k/v, o, gate/up, down
+    x layers and the LM head, `--rows` rows): ms and GB/s of weights each, the seconds the first compile takes and
+    a compile after the weights changed (as after every update: frozen weights are constants of the compiled
+    code), and the largest difference of the products."""
+    import torch._inductor.config as inductor_config
+    from torch import nn
+
+    from coopflow.stages.agents import decode as FD
+
+    inner = model.model
+    mats = []
+    for layer in inner.layers:
+        at, m = layer.self_attn, layer.mlp
+        mats += [torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]), at.o_proj.weight,
+                 torch.cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight]
+    mats.append(model.lm_head.weight)
+    wbytes = sum(w.numel() for w in mats) * 2
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lins = nn.ModuleList(nn.Linear(w.shape[1], w.shape[0], bias=False) for w in mats)
+            with torch.no_grad():
+                for lin, w in zip(self.lins, mats):
+                    lin.weight.copy_(w)
+
+        def forward(self, xh, xi):
+            return [lin(xi if lin.in_features != xh.shape[-1] else xh) for lin in self.lins]
+
+    step = Step().to(torch.bfloat16).eval()
+    xh = torch.randn(a.rows, model.config.hidden_size).bfloat16()
+    xi = torch.randn(a.rows, model.config.intermediate_size).bfloat16()
+    projs = [FD._Proj(w, None, torch.bfloat16) for w in mats]
+    for p in projs:
+        p.pack()
+
+    def packed():
+        return [p(xi if p.packed.shape[-1] != xh.shape[-1] else xh) for p in projs]
+
+    def best(fn):
+        fn()
+        return min(_timed(fn) for _ in range(a.repeats + 2))
+
+    out = {}
+    with torch.no_grad(), inductor_config.patch(freezing=True):
+        t = time.perf_counter()
+        compiled = torch.compile(step, mode="max-autotune")
+        got = compiled(xh, xi)
+        out["compile_s"] = round(time.perf_counter() - t, 1)
+        diff = max((g.float() - r.float()).abs().max().item() for g, r in zip(got, packed()))
+        tb, tl = best(packed), best(lambda: compiled(xh, xi))
+        for lin in step.lins:  # the weights change, as after an update: the frozen code must be compiled again
+            lin.weight.add_(1e-3)
+        torch._dynamo.reset()
+        t = time.perf_counter()
+        torch.compile(step, mode="max-autotune")(xh, xi)
+        out["recompile_s"] = round(time.perf_counter() - t, 1)
+    out.update(packed_ms=round(tb * 1e3, 1), frozen_ms=round(tl * 1e3, 1), packed_GBps=round(wbytes / tb / 1e9, 1),
+               frozen_GBps=round(wbytes / tl / 1e9, 1), max_abs_diff=diff)
+    return {"base_s": tb, "lever_s": tl, **out}
+
+
+def lever_decode_prefix_attention(model, tok, a) -> dict:
+    """One decode step's attention (one layer, random bf16 data of the model's shapes; --rows rows = rows/4 prompts
+    of 219 tokens x 4 samples, 64 tokens generated so far): the runs' SDPA over each row's whole cache (its prompt
+    copied to every sample) vs shared-prefix attention: each prompt's keys read once for all its samples' queries
+    (grouped per KV head), each row's own generated keys apart, the two merged by their log-sum-exp. Seconds per
+    1000 calls; largest difference from a float32 reference of each."""
+    cfg = model.config
+    FA = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    bf = torch.bfloat16
+    K, nh, nkv = 4, cfg.num_attention_heads, cfg.num_key_value_heads
+    hd, g, U, P, t = cfg.hidden_size // nh, nh // nkv, max(1, a.rows // 4), 219, 64
+    B = U * K
+    gen = torch.Generator().manual_seed(0)
+    kp, vp = (torch.randn(U, nkv, P, hd, generator=gen).to(bf) for _ in range(2))
+    kg, vg = (torch.randn(B, nkv, t, hd, generator=gen).to(bf) for _ in range(2))
+    q = torch.randn(B, nh, 1, hd, generator=gen).to(bf)
+    pad = torch.ones(U, P, dtype=torch.bool)
+    pad[0, :30] = False  # one prompt left-padded
+    inv = torch.arange(U).repeat_interleave(K)
+    kc, vc = torch.cat([kp[inv], kg], 2), torch.cat([vp[inv], vg], 2)
+    mask = torch.cat([pad[inv], torch.ones(B, t, dtype=torch.bool)], 1)[:, None, None, :]
+    pmask = torch.zeros(U, 1, 1, P, dtype=bf).masked_fill_(~pad[:, None, None, :], float("-inf"))
+
+    def whole():
+        return F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)
+
+    def shared():
+        qs = q.view(U, K, nkv, g, hd).transpose(1, 2).reshape(U, nkv, K * g, hd)
+        o1, l1 = FA(qs, kp, vp, attn_mask=pmask)
+        o1 = o1.view(U, nkv, K, g, hd).transpose(1, 2).reshape(B, nh, 1, hd)
+        l1 = l1.view(U, nkv, K, g).transpose(1, 2).reshape(B, nh, 1, 1)
+        o2, l2 = FA(q.view(B, nkv, g, hd), kg, vg)
+        o2, l2 = o2.reshape(B, nh, 1, hd), l2.reshape(B, nh, 1, 1)
+        m = torch.maximum(l1, l2)
+        w1, w2 = (l1 - m).exp_(), (l2 - m).exp_()
+        return ((o1.float() * w1 + o2.float() * w2) / (w1 + w2)).to(bf)
+
+    kk, vv = (x.float().repeat_interleave(g, 1) for x in (kc, vc))
+    ref = ((q.float() @ kk.transpose(-1, -2)) / hd ** 0.5).masked_fill(~mask, float("-inf")).softmax(-1) @ vv
+
+    def thousand(fn):
+        return lambda: [fn() for _ in range(1000)]
+
+    tb, tl = interleave(thousand(whole), thousand(shared), a.repeats)
+    return {"base_s": tb, "lever_s": tl, "err_whole": f"{(whole().float() - ref).abs().max().item():.1e}",
+            "err_shared": f"{(shared().float() - ref).abs().max().item():.1e}"}
+
+
 def lever_decode_narrow_cache(model, tok, a) -> dict:
     return _decode_ab(model, tok, a, "narrow_cache", (0.8, 50, 0.95))
 
@@ -410,8 +553,10 @@ def lever_decode_floor(model, tok, a) -> dict:
             steps_on.append(on())
         t_off, t_on = statistics.median(steps_off), statistics.median(steps_on)
         pack = FD.packs(torch.bfloat16, torch.device("cpu"))
-        lins = [FD._layer_weights(layer, torch.bfloat16, torch.float32, rows, pack) for layer in inner.layers]
-        head = FD._linear(model.lm_head.weight, None, torch.bfloat16, rows, pack)
+        lins = [FD._layer_weights(layer, torch.bfloat16, torch.float32) for layer in inner.layers]
+        head = FD._Proj(model.lm_head.weight, None, torch.bfloat16)
+        for proj in [head] + [w[name] for w in lins for name in ("qkv", "o", "gu", "d")] if pack else ():
+            proj.pack()
         H, inter = model.config.hidden_size, model.config.intermediate_size
         xh, xi = torch.randn(rows, 1, H).bfloat16(), torch.randn(rows, 1, inter).bfloat16()
 
@@ -443,6 +588,8 @@ LEVERS = {"decode_bf16": lever_decode_bf16, "decode_fused": lever_decode_fused, 
           "decode_rows": lever_decode_rows, "loss_eager_attention": lever_loss_eager_attention,
           "decode_packed": lever_decode_packed, "decode_narrow_cache": lever_decode_narrow_cache,
           "decode_survivors": lever_decode_survivors, "decode_floor": lever_decode_floor,
+          "decode_pack_hint": lever_decode_pack_hint, "decode_frozen": lever_decode_frozen,
+          "decode_prefix_attention": lever_decode_prefix_attention,
           "loss_chunked_lse": lever_loss_chunked_lse}
 
 

@@ -230,17 +230,20 @@ def test_top_p_over_the_top_k_survivors_masks_what_the_full_sort_masks(top_k, to
 
 
 def test_prepacked_bf16_weights_give_the_same_products_as_plain_ones(tiny_model_dir):
-    """Weights reordered once for oneDNN (`packed`) multiply to the very same bf16 numbers as F.linear; a bias is
-    added after rounding rather than before (one bf16 rounding step apart at most), so a bf16 decode samples
-    nearly the same tokens packed or not (where this CPU packs at all)."""
+    """Weights reordered once for oneDNN's decode-size kernels (`packed`) multiply to the very same bf16 numbers as
+    F.linear at decode sizes (5 x 3 rows here); a bias is added after rounding rather than before (one bf16 rounding
+    step apart at most), so a bf16 decode samples nearly the same tokens packed or not (where this CPU packs)."""
     if not FD.packs(torch.bfloat16, torch.device("cpu")):
         pytest.skip("this CPU has no oneDNN bf16 matmuls to pack for")
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(96, 48, generator=g), torch.randn(96, generator=g)
     x = torch.randn(5, 3, 48, generator=g).bfloat16()
     for bias in (None, b):
-        plain = FD._linear(w, bias, torch.bfloat16, 8, pack=False)(x)
-        packed = FD._linear(w, bias, torch.bfloat16, 8, pack=True)(x)
+        plain = FD._Proj(w, bias, torch.bfloat16)(x)
+        proj = FD._Proj(w, bias, torch.bfloat16)
+        proj.pack()
+        assert proj.w is None  # the plain copy is dropped
+        packed = proj(x)
         if bias is None:
             assert torch.equal(packed, plain)
         else:

@@ -95,19 +95,35 @@ def packs(dt: torch.dtype, dev: torch.device) -> bool:
         return False
 
 
-def _linear(weight, bias, dt: torch.dtype, rows: int, pack: bool):
-    """`x -> x @ weight.T + bias` with the weight cast to `dt` once per call; `pack`: reordered once into oneDNN's
-    blocked layout for `rows`-row inputs (the unpacked copy is dropped)."""
-    w = weight.to(dt)
-    b = None if bias is None else bias.to(dt)
-    if not pack:
-        return lambda x: F.linear(x, w, b)
-    packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
-    del w
-    return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+# The batch-size hint oneDNN packs the weights for. Measured on the AMX CPU (SmolLM2-135M, bf16, one thread): packed
+# for 1-row inputs, the 8- and 16-row decode products read the weights faster than packed for their own row count
+# (a decode step 71 -> 66 ms at 8 rows; bench_levers decode_pack_hint), and are the same numbers as F.linear.
+PACK_HINT = 1
 
 
-def _layer_weights(layer, dt: torch.dtype, wide: torch.dtype, rows: int, pack: bool):
+class _Proj:
+    """`x -> x @ weight.T + bias` with the weight cast to `dt` once per call. `pack()` reorders it once into oneDNN's
+    blocked layout (the plain copy dropped): the same products at decode sizes, read faster. The prefill runs
+    before packing (its many-row products packed for a 1-row hint would round differently)."""
+
+    __slots__ = ("w", "b", "packed")
+
+    def __init__(self, weight, bias, dt: torch.dtype):
+        self.w = weight.to(dt)
+        self.b = None if bias is None else bias.to(dt)
+        self.packed = None
+
+    def pack(self, hint: int = 0) -> None:
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, hint or PACK_HINT)
+        self.w = None
+
+    def __call__(self, x):
+        if self.packed is None:
+            return F.linear(x, self.w, self.b)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.b, "none", [], "")
+
+
+def _layer_weights(layer, dt: torch.dtype, wide: torch.dtype):
     """One decoder layer's fused projections (q/k/v as one matmul, gate/up as one) in the compute dtype `dt`, its
     norms in `wide` (rebuilt per call: the policy changes between calls)."""
     a, m = layer.self_attn, layer.mlp
@@ -120,10 +136,10 @@ def _layer_weights(layer, dt: torch.dtype, wide: torch.dtype, rows: int, pack: b
     if a.q_proj.bias is not None or a.k_proj.bias is not None:
         qkv_b = torch.cat([bias(a.q_proj), bias(a.k_proj), bias(a.v_proj)])
     return dict(ln1=_norm(layer.input_layernorm, wide), ln2=_norm(layer.post_attention_layernorm, wide),
-                qkv=_linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), qkv_b, dt, rows, pack),
-                o=_linear(a.o_proj.weight, a.o_proj.bias, dt, rows, pack),
-                gu=_linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]), None, dt, rows, pack),
-                d=_linear(m.down_proj.weight, None, dt, rows, pack), inter=m.gate_proj.out_features)
+                qkv=_Proj(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), qkv_b, dt),
+                o=_Proj(a.o_proj.weight, a.o_proj.bias, dt),
+                gu=_Proj(torch.cat([m.gate_proj.weight, m.up_proj.weight]), None, dt),
+                d=_Proj(m.down_proj.weight, None, dt), inter=m.gate_proj.out_features)
 
 
 def _norm(norm, dt: torch.dtype) -> tuple:
@@ -313,7 +329,8 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     False: op by op (kept to measure this lever, bench_levers decode_fused).
     The last three apply where `compute_dtype` narrows the model's dtype (None = there, False = never; the
     same-dtype path stays `generate`'s tokens exactly):
-    `packed`: the matmul weights reordered once per call into oneDNN's blocked layout (CPU bf16, `packs`).
+    `packed`: the matmul weights reordered once per call, after the prefill, into oneDNN's blocked layout for
+    decode-size inputs (CPU bf16, `packs`; the same products).
     `narrow_cache`: the KV cache, queries and attention in `compute_dtype` (half the cache bytes each step reads;
     None = where that is the faster attention, `fast_bf16_attention`).
     `survivors`: each token drawn from its row's top-k survivors only (`_draw`; needs top-k).
@@ -335,8 +352,8 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
                          "support and a bf16 compute dtype only); leave packed=None")
     kv_dt = dt if (narrow and fast_bf16_attention(dev) if narrow_cache is None else narrow_cache) else wide
     draw_survivors = narrow if survivors is None else survivors
-    layers = [_layer_weights(layer, dt, wide, B, pack) for layer in inner.layers]
-    lm_head = _linear(model.lm_head.weight, getattr(model.lm_head, "bias", None), dt, B, pack)
+    layers = [_layer_weights(layer, dt, wide) for layer in inner.layers]
+    lm_head = _Proj(model.lm_head.weight, getattr(model.lm_head, "bias", None), dt)
     final_norm = _norm(inner.norm, wide)
     input_ids, attention_mask = input_ids.to(dev), attention_mask.to(dev)
     L = P + T
@@ -415,7 +432,10 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     if rep is not None:  # each row gets its prompt's cache and next-token logits
         kc, vc, logits = kc[:, inverse], vc[:, inverse], logits[inverse]
 
-    # --- decode
+    # --- decode (the matmul weights reordered for decode-size inputs first, where that is on)
+    if pack:
+        for proj in [lm_head] + [w[name] for w in layers for name in ("qkv", "o", "gu", "d")]:
+            proj.pack()
     out = torch.full((B, T), pad_token_id if pad_token_id is not None else 0, dtype=torch.long, device=dev)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     step = _stepper(step_mode, dev, dynamic_step, static_step, B, P)
