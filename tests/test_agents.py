@@ -92,3 +92,23 @@ def test_prompts_beyond_the_context_are_refused_or_truncated(tiny_model_dir, cap
     with caplog.at_level("WARNING", logger="coopflow.generate"):
         rows = generate_for_agent(model, tok, ["short one", long], 1, lenient, seed=0)
     assert len(rows[1][0]) == context - 8 and "cut to their last" in caplog.text
+
+
+def test_a_saved_tokenizer_does_not_depend_on_whether_its_last_call_padded(tmp_path, tiny_model_dir):
+    """transformers leaves the padding of a padded call set on the fast tokenizer's backend; a checkpoint's
+    tokenizer.json must not record it (a resumed run and a clean one write the same bytes), and saving must not
+    change the live tokenizer."""
+    from coopflow.stages.agents.models import load_agent, save_tokenizer
+
+    _, tok = load_agent(tiny_model_dir)
+    tok(["a b c", "a"], padding=True)
+    padded = tok.backend_tokenizer.padding
+    assert padded is not None  # the state this test is about
+    save_tokenizer(tok, tmp_path / "after_padded")
+    assert tok.backend_tokenizer.padding == padded
+    tok(["a b c"])
+    assert tok.backend_tokenizer.padding is None
+    save_tokenizer(tok, tmp_path / "after_plain")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tmp_path / "after_padded" / name).read_bytes() == (tmp_path / "after_plain" / name).read_bytes()
+    assert json.loads((tmp_path / "after_padded" / "tokenizer.json").read_text())["padding"] is None

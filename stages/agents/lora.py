@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from coopflow.artifacts import faults
-from coopflow.stages.agents.models import is_adapter_dir, load_merged
+from coopflow.stages.agents.models import is_adapter_dir, load_merged, save_tokenizer
 from coopflow.stages.agents.state import AgentState, Policies
 from coopflow.stages.agents.spec import AgentSpec, LoraSpec
 
@@ -164,6 +164,6 @@ def merge_checkpoint(checkpoint: str | Path, out: str | Path, base: str | None =
     for a in agents:
         model, tok = load_merged(a, base=base)
         model.save_pretrained(out / a.name)
-        tok.save_pretrained(out / a.name)
+        save_tokenizer(tok, out / a.name)
         written.append(out / a.name)
     return written

@@ -216,12 +216,31 @@ def save_optimizer(optimizer, path: Path) -> None:
         torch.serialization.set_crc32_options(before)
 
 
+def save_tokenizer(tok, out: Path) -> None:
+    """`tok.save_pretrained(out)` with the padding and truncation its last call left on the fast tokenizer's backend
+    left out of tokenizer.json (transformers sets both per call, so they are not part of the tokenizer): the saved
+    files depend on the tokenizer alone, not on whether its last use padded a batch. The live tokenizer is not
+    touched (a copy of its backend is saved: a generation may be tokenizing beside a checkpoint write)."""
+    tok.save_pretrained(out)
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None or not (Path(out) / "tokenizer.json").is_file():
+        return
+    from tokenizers import Tokenizer
+
+    snapshot = Tokenizer.from_str(backend.to_str())
+    if snapshot.padding is None and snapshot.truncation is None:
+        return
+    snapshot.no_padding()
+    snapshot.no_truncation()
+    snapshot.save(str(Path(out) / "tokenizer.json"))
+
+
 def save_critic(crit: CriticState, out: Path, optimizer_file: Path | None = None) -> None:
     """An HF dir with the critic LM, its tokenizer and value_head.pt (+ its optimizer state)."""
     from coopflow.stages.agents.value_heads import save_head
 
     crit.model.save_pretrained(out)
-    crit.tokenizer.save_pretrained(out)
+    save_tokenizer(crit.tokenizer, out)
     save_head(crit.head, out)
     if crit.optimizer is not None and optimizer_file is not None:
         optimizer_file.parent.mkdir(exist_ok=True)
@@ -270,7 +289,7 @@ def save_agent(agent: AgentState, out: Path, index: int) -> None:
         save_adapter(agent, lay.agent(index))
     else:
         agent.model.save_pretrained(lay.agent(index))
-    agent.tokenizer.save_pretrained(lay.agent(index))
+    save_tokenizer(agent.tokenizer, lay.agent(index))
     if agent.optimizer is not None:
         lay.optimizer_dir.mkdir(exist_ok=True)
         save_optimizer(agent.optimizer, lay.agent_optimizer(index))
