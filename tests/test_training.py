@@ -145,6 +145,26 @@ def test_a_reward_that_raises_mid_run_fails_it_and_the_rerun_after_the_fix_conti
     assert all(torch.equal(wr[k], wc[k]) for k in wc)
 
 
+def test_a_run_that_fails_mid_segment_stops_its_worker_processes(tmp_path, monkeypatch):
+    """parallel_training mp, the reward fails at update 3 of 4: the run's error surfaces and no agent worker process
+    outlives it (a long-lived `coopflow serve` process must not keep a failed run's models in memory)."""
+    import multiprocessing
+
+    from coopflow.stages.score.rewards import RewardError
+    from tests import helpers
+
+    trainer = {**small_config(tmp_path)["trainer"], "rollout_buffer_size": 1, "parallel_training": "mp",
+               "agent_devices": ["cpu", "cpu"]}
+    cfg = small_config(tmp_path / "run", trainer=trainer, reward={"name": "tests.helpers:outage_length_ratio"},
+                       eval_before=False)
+    before = set(multiprocessing.active_children())
+    helpers.REWARD_CALLS["n"] = 0
+    monkeypatch.setenv("TEST_REWARD_DOWN_AFTER", "4")
+    with pytest.raises(RewardError, match="scoring service unavailable"):
+        run_inline(validate_config(cfg))
+    assert [p for p in multiprocessing.active_children() if p not in before] == []
+
+
 def test_mp_workers_match_in_process_training(tmp_path, pinned_threads):
     """parallel_training=mp (one worker process per agent) gives the same samples and weights as in-process."""
     trainer = {**small_config(tmp_path)["trainer"], "num_generations": 2}

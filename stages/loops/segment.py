@@ -95,6 +95,7 @@ def _open_policies(ctx: RunContext, sources: list, optimizer_files: list | None,
         pol = RayPolicies(specs, ex.ray)
     else:
         pol = load_policies(specs)
+    ctx.session.own(pol)  # stopped when the run ends, whichever way it ends
     pol.run(set_compute_dtype, [(ctx.sampling.compute_dtype,)] * pol.n)
     if s.algorithm == "maac":
         src = str(checkpoint.central_critic) if checkpoint is not None else ctx.critic_paths[0]

@@ -9,9 +9,12 @@ A `Session` holds what a run creates while it runs and what must not leak into t
   evaluate, checkpoint, ...); cached stages do not count. The run summary's `executed` is this.
 
 Every run gets its own session (`make_context` creates one unless it is handed the parent run's, as
-MARLHF's RL phase is); `close()` stops whatever the live policies hold (worker processes).
+MARLHF's RL phase is); `close()` stops whatever the policies it opened hold (worker processes, Ray actors),
+whichever path the run took: a stage that fails while it holds policies it took from `live` leaves them to
+`close()`, which the run driver calls on success and failure alike.
 """
 
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -58,13 +61,25 @@ class Session:
     initial_sources: tuple = ()  # ... by a context whose (resolved) sources are these, i.e. the same weights
     closers: list = field(default_factory=list)  # what else the run started (reward executors' pools/clusters)
     rebuild: set = field(default_factory=set)  # segment indices to re-run (replay) although stored weights-only
+    opened: weakref.WeakValueDictionary = field(default_factory=weakref.WeakValueDictionary)  # every policy group
+    #                                this session loaded, by id (weakly: a group nothing uses any more is freed)
+
+    def own(self, policies):
+        """Record `policies` as loaded by this run: `close()` stops them if nothing did before. Returns them."""
+        self.opened[id(policies)] = policies
+        return policies
 
     def executed(self) -> dict[str, int]:
         """Stage bodies that ran in this session, by name (what the run summary reports)."""
         return {k: v for k, v in self.calls.items() if v}
 
     def close(self) -> None:
-        """Release the live policies (stops mp worker processes / Ray actors) and the reward executors."""
+        """Release the live policies and every other group this session loaded (stops mp worker processes / Ray
+        actors; closing is idempotent), never the caller's `initial` agents, then the reward executors."""
         self.live.clear()
+        for pol in list(self.opened.values()):
+            if pol is not self.initial:
+                pol.close()
+        self.opened.clear()
         while self.closers:
             self.closers.pop()()
