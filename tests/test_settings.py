@@ -74,6 +74,29 @@ def test_derived_properties_read_only_with_the_fields_they_come_from(tmp_path):
     assert s.eval.trainer.held("reference_kl_enabled", "x") == "x"  # not the config's value
 
 
+def test_held_gives_the_default_only_for_a_setting_not_held():
+    """`held(name, default)`: the default where the section has no such setting or the view does not hold it; an
+    AttributeError raised inside a derived setting's own code is a bug and surfaces, never a silent default."""
+    from pydantic import BaseModel
+
+    from coopflow.stages.planning.settings import Settings
+
+    class Section(BaseModel):
+        x: int = 1
+        y: int = 2
+
+        @property
+        def broken(self) -> int:
+            return self.no_such_field  # a bug in a derived setting
+
+    view = Settings(Section(), frozenset({"x", "broken"}), frozenset(), "test stage")
+    assert view.held("x", 0) == 1
+    assert view.held("y", 0) == 0  # not held by this view
+    assert view.held("nope", 0) == 0  # no such setting
+    with pytest.raises(AttributeError, match="no_such_field"):
+        view.held("broken", 0)
+
+
 def test_keys_hash_the_declared_values(tmp_path):
     cfg = validate_config(small_config(tmp_path))
     s = RunSettings.of(cfg)

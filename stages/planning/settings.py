@@ -48,6 +48,10 @@ class UndeclaredSetting(AttributeError):
     """A stage read a config field its artifact's key does not hold."""
 
 
+class NoSuchSetting(AttributeError):
+    """A stage asked a settings view for a name its config section does not have."""
+
+
 def chain(kind: str, actor_critic: bool, multi_turn: bool, iterative: bool = False) -> tuple[str, ...]:
     """The kinds whose declared inputs the stage computing `kind` may read: its own and those of every key upstream
     of its key (`stages.planning.keys`). Multi-turn rollouts hold the episode's inputs; single-turn ones do not.
@@ -109,7 +113,7 @@ class Settings:
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
-            raise AttributeError(name)
+            raise NoSuchSetting(name)
         path = self._prefix + name
         node = self._node
         if name in type(node).model_fields:
@@ -122,7 +126,7 @@ class Settings:
                 return Settings(self._root, self._allowed, self._denied, self._what, path + ".", value)
             raise UndeclaredSetting(self._refusal(path))
         if not hasattr(type(node), name):
-            raise AttributeError(f"{type(node).__name__} has no setting {path!r}")
+            raise NoSuchSetting(f"{type(node).__name__} has no setting {path!r}")
         deps = DERIVED.get(path)
         if deps is None:  # a trainer's constant in place of a field (IAC's joint_mode), or an unlisted method
             if not self._readable(path) or callable(getattr(type(node), name, None)):
@@ -141,10 +145,11 @@ class Settings:
     def held(self, name: str, default: Any = None) -> Any:
         """Field `name` when this view holds it, else `default` (never the config's value): for a helper shared by
         stages of which only some read the field (policies load reference models only for a stage whose key
-        holds `reference_kl_enabled`)."""
+        holds `reference_kl_enabled`). Only 'not held' gives the default: an error inside a derived setting's code
+        is raised, not mistaken for an absent setting."""
         try:
             return getattr(self, name)
-        except AttributeError:
+        except (NoSuchSetting, UndeclaredSetting):
             return default
 
     def __setattr__(self, name: str, value: Any) -> None:
