@@ -336,10 +336,34 @@ def log(msg: str) -> None:
 
 
 def run_metered(cmd: list[str], env: dict, cwd: Path, timeout: float) -> dict:
-    """Run a child, capture its output, and meter it from outside (wall, child CPU, others' busy cores)."""
+    """Run a child, capture its output, and meter it from outside (wall, child CPU, others' busy cores).
+
+    The child's CPU is its whole process tree's: what the kernel reports for reaped descendants, or, where more,
+    the sum of every descendant's own CPU time sampled 4 times a second (mp workers are children of the child's
+    forkserver, which is never reaped by it: without sampling their CPU would count as other processes' load)."""
+    import threading
+
+    import psutil
+
     pc = shared_common()
     hz = os.sysconf("SC_CLK_TCK")
+    seen: dict[int, float] = {}  # descendant pid -> its own CPU seconds at the last sample
+    done = threading.Event()
+
+    def sample():
+        me = psutil.Process()
+        while not done.is_set():
+            for q in me.children(recursive=True):
+                try:
+                    t = q.cpu_times()
+                    seen[q.pid] = max(seen.get(q.pid, 0.0), t.user + t.system)
+                except psutil.Error:
+                    pass
+            done.wait(0.25)
+
+    sampler = threading.Thread(target=sample, daemon=True)
     c0, b0, l0, t0 = os.times(), pc._proc_stat(), os.getloadavg()[0], time.perf_counter()
+    sampler.start()
     try:
         p = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            timeout=timeout)
@@ -348,9 +372,13 @@ def run_metered(cmd: list[str], env: dict, cwd: Path, timeout: float) -> dict:
         rc = "timeout"
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+    finally:
+        done.set()
+        sampler.join()
     wall = time.perf_counter() - t0
     b1, c1 = pc._proc_stat(), os.times()
     cpu = (c1.children_user - c0.children_user) + (c1.children_system - c0.children_system)
+    cpu = max(cpu, sum(seen.values()))
     others = max(0.0, ((b1 - b0) / hz - cpu) / wall)
     return {"rc": rc, "stdout": out, "stderr": err,
             "meter": {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "others_busy_cores": round(others, 2),
