@@ -165,19 +165,12 @@ def _dispatch(args) -> int:
                 "flows": _flows, "models": _models, "verify": _verify, "gc": _gc, "ui": _ui,
                 "config-reference": _config_reference, "show": _show, "export": _export}[args.cmd](args)
     except KeyboardInterrupt:
-        _stop_own_server()
-        print("interrupted; completed segments are checkpointed, rerun the same command to resume",
-              file=sys.stderr)
-        return 130
+        return _failed("interrupted; completed segments are checkpointed, rerun the same command to resume", 130)
     except StoreFullError as err:  # one line: nothing is corrupted, only space is missing
-        _stop_own_server()
-        print(f"coopflow: {err}", file=sys.stderr)
-        return 4
+        return _failed(f"coopflow: {err}", 4)
     except ArtifactError as err:  # one line, with what to do, instead of a traceback
-        _stop_own_server()
-        print(f"coopflow: {err}\n(run `coopflow verify --quarantine` to set every bad artifact aside; the next run "
-              "recomputes them)", file=sys.stderr)
-        return 3
+        return _failed(f"coopflow: {err}\n(run `coopflow verify --quarantine` to set every bad artifact aside; the "
+                       "next run recomputes them)", 3)
 
 
 def _show(args) -> int:
@@ -414,6 +407,14 @@ _OWN_SERVER: list = []
 """The ephemeral Prefect server this process started (at most one), stopped before a failed command's last line."""
 
 
+def _failed(line: str, code: int) -> int:
+    """A failed command's end: stop the server this process started (`_stop_own_server`), print `line` on stderr and
+    return the exit code."""
+    _stop_own_server()
+    print(line, file=sys.stderr)
+    return code
+
+
 def _stop_own_server() -> None:
     """Stop the ephemeral server this process started, after Prefect's log handler has sent what it holds. Called
     before a failed command prints its one line: the server is a subprocess writing to the same stderr, and
@@ -568,9 +569,7 @@ def _run(args) -> int:
                                            rescore_from=args.rescore_from, show_progress=not args.no_progress,
                                            continue_run=args.continue_run)
     except (ConfigError, FileNotFoundError) as err:
-        _stop_own_server()
-        print(f"coopflow: {err}", file=sys.stderr)
-        return 2
+        return _failed(f"coopflow: {err}", 2)
     summary["wall_seconds"] = time.time() - t0
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary, indent=1, default=str))

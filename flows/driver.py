@@ -530,8 +530,8 @@ def _dpo(ctx: C.RunContext, runner: Runner, log: RunLog, pairs: ArtifactRef, sho
     if log.tracker.enabled and log.cfg.tracking.rollouts not in ("none", "eval"):  # the pairs, as one MLflow table
         from coopflow.stages.operations import rollouts as RO
 
-        store, key, step = ctx.store, res["checkpoint"].key, RO.pairs_step(pairs.key, log.env_steps)
-        log.tracker.log_tables(lambda: {"rollouts/pairs.json": RO.joint_table(RO.pair_rows(store, key, step))})
+        store, key, env = ctx.store, res["checkpoint"].key, log.env_steps
+        log.tracker.log_tables(lambda: {"rollouts/pairs.json": RO.pairs_table(store, key, pairs.key, env)})
     return res["checkpoint"]
 
 
@@ -637,8 +637,8 @@ def _log_round(cfg: RunConfig, store: ArtifactStore, parent: Tracker, parent_id:
         from coopflow.stages.operations import rollouts as RO
 
         key, env = res["checkpoint"].key, max((x["env_step"] for x in rows), default=0)
-        tables = {} if cfg.tracking.rollouts == "eval" else {"rollouts/pairs.json": RO.joint_table(
-            RO.pair_rows(store, key, RO.pairs_step(res["shard"].key, env)))}
+        tables = {} if cfg.tracking.rollouts == "eval" else {
+            "rollouts/pairs.json": RO.pairs_table(store, key, res["shard"].key, env)}
         ev = store.find("eval", key)
         if ev is not None:
             tables["rollouts/eval.json"] = RO.eval_table(RO.eval_table_rows(store, ev, key))

@@ -257,6 +257,12 @@ def logged_updates(setting, updates: list[int], last_update: int) -> list[int]:
     return []
 
 
+def pairs_table(store: ArtifactStore, run_key: str, pairs_key: str, env_step: int) -> tuple[list[str], list[list]]:
+    """The pairs `pairs_key` that trained run `run_key` (its env_step at the end) as one joint-answer table (MLflow's
+    `rollouts/pairs.json` of a MADPO run and of each iterative round)."""
+    return joint_table(pair_rows(store, run_key, pairs_step(pairs_key, env_step)))
+
+
 def joint_table(rows: list[dict]) -> tuple[list[str], list[list]]:
     """Joint-answer rows (`COLUMNS`) as one row per joint action, agents side by side: (columns, rows) with update,
     item_id, reward, each agent's completion, each completion's advantage, then turn, joint, env_step and each
