@@ -555,7 +555,7 @@ def lever_decode_floor(model, tok, a) -> dict:
         pack = FD.packs(torch.bfloat16, torch.device("cpu"))
         lins = [FD._layer_weights(layer, torch.bfloat16, torch.float32) for layer in inner.layers]
         head = FD._Proj(model.lm_head.weight, None, torch.bfloat16)
-        for proj in [head] + [w[name] for w in lins for name in ("qkv", "o", "gu", "d")] if pack else ():
+        for proj in FD._projections(lins, head) if pack else ():
             proj.pack()
         H, inter = model.config.hidden_size, model.config.intermediate_size
         xh, xi = torch.randn(rows, 1, H).bfloat16(), torch.randn(rows, 1, inter).bfloat16()

@@ -113,8 +113,8 @@ class _Proj:
         self.b = None if bias is None else bias.to(dt)
         self.packed = None
 
-    def pack(self, hint: int = 0) -> None:
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, hint or PACK_HINT)
+    def pack(self) -> None:
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.w, PACK_HINT)
         self.w = None
 
     def __call__(self, x):
@@ -140,6 +140,11 @@ def _layer_weights(layer, dt: torch.dtype, wide: torch.dtype):
                 o=_Proj(a.o_proj.weight, a.o_proj.bias, dt),
                 gu=_Proj(torch.cat([m.gate_proj.weight, m.up_proj.weight]), None, dt),
                 d=_Proj(m.down_proj.weight, None, dt), inter=m.gate_proj.out_features)
+
+
+def _projections(layers: list[dict], lm_head: _Proj) -> list[_Proj]:
+    """Every matmul of a decode step: the layers' fused projections and the LM head."""
+    return [lm_head] + [w[name] for w in layers for name in ("qkv", "o", "gu", "d")]
 
 
 def _norm(norm, dt: torch.dtype) -> tuple:
@@ -434,7 +439,7 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
 
     # --- decode (the matmul weights reordered for decode-size inputs first, where that is on)
     if pack:
-        for proj in [lm_head] + [w[name] for w in layers for name in ("qkv", "o", "gu", "d")]:
+        for proj in _projections(layers, lm_head):
             proj.pack()
     out = torch.full((B, T), pad_token_id if pad_token_id is not None else 0, dtype=torch.long, device=dev)
     done = torch.zeros(B, dtype=torch.bool, device=dev)

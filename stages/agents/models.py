@@ -220,7 +220,8 @@ def save_tokenizer(tok, out: Path) -> None:
     """`tok.save_pretrained(out)` with the padding and truncation its last call left on the fast tokenizer's backend
     left out of tokenizer.json (transformers sets both per call, so they are not part of the tokenizer): the saved
     files depend on the tokenizer alone, not on whether its last use padded a batch. The live tokenizer is not
-    touched (a copy of its backend is saved: a generation may be tokenizing beside a checkpoint write)."""
+    touched (a copy of its backend, cleared, replaces the tokenizer.json just written, whatever state that one
+    caught: a generation may be tokenizing beside a checkpoint write)."""
     tok.save_pretrained(out)
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None or not (Path(out) / "tokenizer.json").is_file():
@@ -228,8 +229,6 @@ def save_tokenizer(tok, out: Path) -> None:
     from tokenizers import Tokenizer
 
     snapshot = Tokenizer.from_str(backend.to_str())
-    if snapshot.padding is None and snapshot.truncation is None:
-        return
     snapshot.no_padding()
     snapshot.no_truncation()
     snapshot.save(str(Path(out) / "tokenizer.json"))
