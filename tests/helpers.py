@@ -230,3 +230,11 @@ def paced_length_ratio(c1, c2):
     """length_ratio after 1 s (a run long enough to be interrupted from outside)."""
     time.sleep(1.0)
     return length_ratio(c1, c2)
+
+
+def die_now(agent):
+    """A per-agent op that SIGKILLs the worker process running it (a worker dying mid-op)."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -221,3 +221,19 @@ def test_thread_count_changes_no_key_and_no_weight_beyond_float_noise(tmp_path):
     w1, w2 = _weights(ckpts[0]), _weights(ckpts[1])
     for k in w1:
         assert torch.allclose(w1[k], w2[k], atol=1e-5), k
+
+
+def test_a_worker_that_dies_mid_op_is_named_in_words(tiny_model_dir):
+    """A worker killed while it runs an op (the parent's send went through, its reply never comes) fails the call
+    with the same one line as a worker found dead when sending to it, not a remote traceback section."""
+    from coopflow.stages.agents.spec import AgentSpec
+    from coopflow.stages.agents.workers import WorkerPolicies
+    from tests.helpers import die_now
+
+    pol = WorkerPolicies([AgentSpec(str(tiny_model_dir), 1e-3, device="cpu")])
+    try:
+        with pytest.raises(RuntimeError) as err:
+            pol.run(die_now, [()])
+        assert str(err.value) == "agent 0 worker: the worker process died (killed by signal 9)"
+    finally:
+        pol.close()

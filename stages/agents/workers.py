@@ -211,14 +211,17 @@ class WorkerPolicies:
                 try:
                     msg = c.recv()
                 except (EOFError, OSError):  # (a reset connection: the worker is gone)
-                    msg = ("error", ("RuntimeError", self._died(i), ""))
+                    msg = ("died", self._died(i))
                 if _log_here(msg):
                     continue
                 replies[i] = msg
                 del waiting[i]
-        errors = [(i, replies[i][1]) for i in sorted(replies) if replies[i][0] == "error"]
-        if errors:
-            _raise(*errors[0])
+        for i in sorted(replies):  # the first agent's failure, whichever way its worker noticed it
+            status, payload = replies[i]
+            if status == "died":  # worded as where sending to a dead worker fails
+                raise RuntimeError(f"agent {i} worker: {payload}") from None
+            if status == "error":
+                _raise(i, payload)
         return [replies[i][1] for i in range(len(self._conns))]
 
     def _died(self, i: int) -> str:
