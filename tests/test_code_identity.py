@@ -238,3 +238,38 @@ def test_a_rerun_after_an_edit_recomputes_exactly_what_depends_on_it(mypkg, tmp_
     mypkg("prompts", 'return "Write about "', 'return "Describe in detail "')
     resampled = run(cfg, inline_runner())["executed"]
     assert resampled["generate"] == first["executed"]["generate"] and resampled.get("evaluate")
+
+
+def test_parsing_survives_a_collection_that_parses_midway(tmp_path):
+    """CPython 3.11 keeps one AST-conversion counter per interpreter: a garbage collection during a conversion that
+    runs a parse (a callback here; Prefect's heartbeat thread in a deployed run) made `ast.parse` fail with
+    "AST constructor recursion depth mismatch". coopflow's parses (code identity, the coding environments) hold the
+    collector off while they convert."""
+    import ast
+    import gc
+    import hashlib
+
+    from coopflow.stages.common.syntax import parse
+
+    source = Path(ast.__file__).read_text()  # a big module: many allocations, many chances for a collection
+    target = tmp_path / "big.py"
+    target.write_text(source + f"\n# {target}\n")  # bytes of its own: not a parse cached by content
+
+    def parse_on_collection(phase, info):
+        if phase == "start":
+            ast.parse("x = (1, 2)")
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(parse_on_collection)
+    gc.set_threshold(50)
+    try:
+        if sys.version_info < (3, 13):  # the hazard is real on this interpreter (fixed upstream in 3.13)
+            with pytest.raises(SystemError, match="recursion depth mismatch"):
+                ast.parse(source)
+        tree = parse(source)
+        digest, _ = CI._parse(str(target))
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(parse_on_collection)
+    assert ast.dump(tree) == ast.dump(ast.parse(source))
+    assert len(digest) == 16 and digest != hashlib.sha256(target.read_bytes()).hexdigest()[:16]  # parsed, not raw

@@ -34,11 +34,12 @@ import importlib.util
 import os
 import sys
 import sysconfig
-import threading
 from collections.abc import Iterable
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
+
+from coopflow.stages.common.syntax import parse
 
 __all__ = ["callable_identity", "module_closure", "code_digest", "planning", "StaleModuleError"]
 
@@ -49,7 +50,6 @@ EXCLUDED = ("coopflow.artifacts",)
 """coopflow's packages that never count: the store keeps what stages compute and does not change it (the format of
 what it writes is versioned by `coopflow.schemas.tables.SCHEMA_VERSION`, checked when an artifact is read)."""
 
-_PARSE_LOCK = threading.Lock()
 _PARSED: dict[str, tuple[str, tuple[tuple[int, str, tuple[str, ...], bool], ...]]] = {}
 """sha256 of a file's bytes -> (digest of its normalized syntax tree, its imports as (level, module, names, whether
 the import runs when the module is imported rather than inside a function))."""
@@ -192,10 +192,7 @@ def _parse(path: str) -> tuple[str, tuple]:
     if h in _PARSED:
         return _PARSED[h]
     try:
-        # (one parse at a time: CPython 3.11's AST constructor keeps its recursion depth per interpreter, and two
-        # threads of one process planning at once failed with "AST constructor recursion depth mismatch")
-        with _PARSE_LOCK:
-            tree = ast.parse(raw, filename=path)
+        tree = parse(raw, filename=path)
     except (SyntaxError, ValueError):  # not Python we can parse: its bytes identify it
         _PARSED[h] = (h[:16], ())
         return _PARSED[h]

@@ -34,6 +34,7 @@ import re
 from pathlib import Path
 
 from coopflow.stages.common.sandbox import RunResult, SandboxLimits, run_many
+from coopflow.stages.common.syntax import parse
 
 LIMITS = SandboxLimits(timeout_s=5.0, cpu_s=5, memory_mb=1024)
 WORKERS = 4
@@ -192,7 +193,7 @@ def _preamble(prompt: str) -> str:
     """The top-level import statements of a problem's prompt (the code may use what the signature's module
     imports); never a docstring line that happens to start with 'from' or 'import'."""
     try:
-        tree = ast.parse(prompt)
+        tree = parse(prompt)
     except SyntaxError:  # not a whole module: unindented import lines only
         return "\n".join(line for line in prompt.splitlines() if re.match(r"(import|from)\s+\w", line))
     return "\n".join(ast.get_source_segment(prompt, n) or ast.unparse(n) for n in tree.body
@@ -203,7 +204,7 @@ def counted_check(test: str, name: str = "check") -> tuple[str, int]:
     """(source, assertions): the test with every top-level assertion of its `check` counted on its own into
     `_tally` / `_failed` (defined by the caller), the function renamed to `name`; a check whose assertions
     all sit inside loops or branches counts as one test."""
-    tree = ast.parse(test)
+    tree = parse(test)
     total = 0
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == "check":
@@ -212,8 +213,8 @@ def counted_check(test: str, name: str = "check") -> tuple[str, int]:
             for stmt in node.body:
                 if isinstance(stmt, ast.Assert):
                     total += 1
-                    failed = ast.parse(f"_failed.append({ast.unparse(stmt)[:300]!r})").body[0]
-                    body.append(ast.Try(body=[stmt, ast.parse("_tally[0] += 1").body[0]],
+                    failed = parse(f"_failed.append({ast.unparse(stmt)[:300]!r})").body[0]
+                    body.append(ast.Try(body=[stmt, parse("_tally[0] += 1").body[0]],
                                         handlers=[ast.ExceptHandler(type=ast.Name("Exception", ast.Load()), name=None,
                                                                     body=[failed])],
                                         orelse=[], finalbody=[]))
@@ -221,8 +222,8 @@ def counted_check(test: str, name: str = "check") -> tuple[str, int]:
                     body.append(stmt)
             if not any(isinstance(st, ast.Assert) for st in node.body):  # asserts only inside loops etc.:
                 total += 1                                            # the whole check is one test
-                failed = ast.parse(f"_failed.append({name!r})").body[0]
-                body = [ast.Try(body=node.body + [ast.parse("_tally[0] += 1").body[0]],
+                failed = parse(f"_failed.append({name!r})").body[0]
+                body = [ast.Try(body=node.body + [parse("_tally[0] += 1").body[0]],
                                 handlers=[ast.ExceptHandler(type=ast.Name("Exception", ast.Load()), name=None,
                                                             body=[failed])], orelse=[], finalbody=[])]
             node.body = body
@@ -254,7 +255,7 @@ def build_program(item: dict, main: str, helper: str | None = None) -> str:
 def _defines(code: str, name: str) -> bool:
     try:
         return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
-                   for n in ast.walk(ast.parse(code)))
+                   for n in ast.walk(parse(code)))
     except SyntaxError:
         return False
 
@@ -279,14 +280,14 @@ def score_joint(items: list[dict], mains: list[str], helpers: list[str | None], 
     for item, main, helper in zip(items, mains, helpers):
         code = extract_code(main)
         try:
-            ast.parse(code)
+            parse(code)
         except SyntaxError:
             out.append({"reward": 0.0, "valid": False, "defined": False, "passed_all": False, "status": "syntax"})
             continue
         helper_code = extract_code(helper) if helper else None
         if helper_code:
             try:
-                ast.parse(helper_code)
+                parse(helper_code)
             except SyntaxError:
                 helper_code = None  # an invalid helper is left out rather than breaking the main answer
         defined = _defines(code, item["entry_point"]) or bool(helper_code and _defines(helper_code, item["entry_point"]))
@@ -329,7 +330,7 @@ def sliced_test(test: str, sandbox_slice: int | str | None) -> str:
         return test
     if not isinstance(sandbox_slice, int) or isinstance(sandbox_slice, bool):
         raise ValueError(f"sandbox_slice must be an int, 0, null or 'all', got {sandbox_slice!r}")
-    tree = ast.parse(test)
+    tree = parse(test)
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == "check":
             asserts = [i for i, st in enumerate(node.body) if isinstance(st, ast.Assert)]
@@ -346,7 +347,7 @@ def diagnose(item: dict, main: str, helper: str | None, sandbox_slice: int | str
         if text is None:
             continue
         try:
-            ast.parse(extract_code(text))
+            parse(extract_code(text))
         except SyntaxError as err:
             return f"The {who} code is not valid Python: line {err.lineno}: {err.msg}."
     d = score_joint([{**item, "test": sliced_test(item["test"], sandbox_slice)}], [main], [helper])[0]

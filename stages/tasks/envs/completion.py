@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 
 from coopflow.stages.common.sandbox import run_many
+from coopflow.stages.common.syntax import parse
 import coopflow.stages.tasks.envs.coding as coding
 
 
@@ -42,7 +43,7 @@ def _without_imports(prompt: str) -> str:
     """The prompt without its top-level import statements."""
     lines = prompt.splitlines(keepends=True)
     drop = set()
-    for n in ast.parse(prompt).body:
+    for n in parse(prompt).body:
         if isinstance(n, (ast.Import, ast.ImportFrom)):
             drop.update(range(n.lineno - 1, n.end_lineno))
     return "".join(x for i, x in enumerate(lines) if i not in drop)
@@ -81,7 +82,7 @@ def classeval_item(row: dict, where: str) -> dict:
     if missing:
         raise ValueError(f"{where}: a ClassEval-style row needs {', '.join(missing)}")
     try:
-        defined = {n.name for n in ast.walk(ast.parse(skeleton)) if isinstance(n, ast.FunctionDef)}
+        defined = {n.name for n in ast.walk(parse(skeleton)) if isinstance(n, ast.FunctionDef)}
     except SyntaxError as err:
         raise ValueError(f"{where}: the skeleton is not valid Python: line {err.lineno}: {err.msg}") from None
     absent = [n for n in names if n not in defined]
@@ -145,7 +146,7 @@ def all_parts_prompt(item: dict) -> str:
 
 def _defs(code: str) -> dict[str, ast.FunctionDef]:
     try:
-        tree = ast.parse(coding.extract_code(code))
+        tree = parse(coding.extract_code(code))
     except SyntaxError:
         return {}
     return {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
@@ -171,7 +172,7 @@ def assemble(item: dict, answers: list[str]) -> tuple[str, list[int]]:
         counts.append(len(mine))
         for p in mine:
             parts[p] = defs[p]
-    tree = _Fill(parts).visit(ast.parse(item["skeleton"]))
+    tree = _Fill(parts).visit(parse(item["skeleton"]))
     ast.fix_missing_locations(tree)
     return ast.unparse(tree) + "\n\n" + item["test"], counts
 

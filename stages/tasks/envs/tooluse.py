@@ -33,6 +33,7 @@ import math
 import re
 from pathlib import Path
 
+from coopflow.stages.common.syntax import parse
 from coopflow.stages.tasks.envs.coding import extract_code
 
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple")
@@ -128,12 +129,12 @@ def parse_calls(text: str, functions: list[dict] | None = None) -> tuple[list[tu
     order = {_norm_name(f["name"]): list(f.get("parameters", {}).get("properties", {})) for f in functions or []}
     code = extract_code(text)
     try:
-        chunks = [ast.parse(code)]
+        chunks = [parse(code)]
     except SyntaxError:
         chunks = []
         for line in code.splitlines():
             try:
-                chunks.append(ast.parse(line.strip().rstrip(",")))
+                chunks.append(parse(line.strip().rstrip(",")))
             except SyntaxError:
                 continue
     calls, bad = [], 0
