@@ -360,7 +360,14 @@ class ArtifactStore:
                     shutil.rmtree(tmp, ignore_errors=True)
                     return done
                 shutil.rmtree(final)
-            os.replace(tmp, final)
+            try:
+                os.replace(tmp, final)
+            except OSError as err:  # a concurrent writer of the same key committed after the check above
+                done = self.find(kind, key) if err.errno in (errno.ENOTEMPTY, errno.EEXIST) else None
+                if done is None:
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
+                return done
         except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
             self._raise_if_full(err, kind)

@@ -134,6 +134,27 @@ def test_put_existing_key_returns_existing_ref_without_overwriting(store):
     assert (store.location(ref1) / "data.parquet").stat().st_mtime_ns == mtime
 
 
+
+def test_a_writer_that_loses_the_rename_to_a_concurrent_one_returns_its_artifact(store, monkeypatch):
+    """Two runs (two processes) that compute the same artifact at once: the second to rename its temp dir into place
+    finds the first one's there (ENOTEMPTY); it keeps that one and removes its own temp dir instead of failing."""
+    import os
+
+    other = ArtifactStore(store.root)
+    replace, raced = os.replace, []
+
+    def other_commits_first(src, dst):
+        if not raced and ".tmp-" in str(src) and "-" + str(os.getpid()) + "-" in str(src):
+            raced.append(1)  # the other writer commits in the window between the exists check and the rename
+            other.put_table("metrics", "same", METRICS)
+        return replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", other_commits_first)
+    ref = store.put_table("metrics", "same", METRICS)
+    assert raced and ref == other.find("metrics", "same")
+    assert store.read_rows(ref) == METRICS
+    assert _temp_dirs(store) == []
+
 # --- directories -----------------------------------------------------------------------------------
 
 

@@ -255,13 +255,19 @@ def test_parsing_survives_a_collection_that_parses_midway(tmp_path):
     target = tmp_path / "big.py"
     target.write_text(source + f"\n# {target}\n")  # bytes of its own: not a parse cached by content
 
+    def deeper(n: int) -> None:  # the nested parse starts 3·n levels deeper than any node of the outer one:
+        if n:                     # it always leaves the shared counter where the outer conversion does not expect it
+            return deeper(n - 1)
+        ast.parse("x = (1, 2)")
+
     def parse_on_collection(phase, info):
         if phase == "start":
-            ast.parse("x = (1, 2)")
+            deeper(40)
 
-    threshold = gc.get_threshold()
+    threshold, enabled = gc.get_threshold(), gc.isenabled()
     gc.callbacks.append(parse_on_collection)
     gc.set_threshold(50)
+    gc.enable()
     try:
         if sys.version_info < (3, 13):  # the hazard is real on this interpreter (fixed upstream in 3.13)
             with pytest.raises(SystemError, match="recursion depth mismatch"):
@@ -271,5 +277,7 @@ def test_parsing_survives_a_collection_that_parses_midway(tmp_path):
     finally:
         gc.set_threshold(*threshold)
         gc.callbacks.remove(parse_on_collection)
+        if not enabled:
+            gc.disable()
     assert ast.dump(tree) == ast.dump(ast.parse(source))
     assert len(digest) == 16 and digest != hashlib.sha256(target.read_bytes()).hexdigest()[:16]  # parsed, not raw
