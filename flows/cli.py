@@ -730,12 +730,15 @@ def ensure_server(port: int = 4200, timeout: float = 180, ui: bool = True,
         reap_with_parent(proc.pid, group=True)
     (home / SERVER_RECORD).write_text(json.dumps({"url": url, "pid": proc.pid, "data_dir": str(home.parent)}))
     t0 = time.time()
-    while not healthy(url):
-        if proc.poll() is not None or time.time() - t0 > timeout:
-            stop_server(proc, home)
-            raise RuntimeError(f"Prefect server did not become healthy in {time.time() - t0:.0f} s; see "
-                               f"{home / 'server.log'}")
-        time.sleep(1)
+    try:
+        while not healthy(url):
+            if proc.poll() is not None or time.time() - t0 > timeout:
+                raise RuntimeError(f"Prefect server did not become healthy in {time.time() - t0:.0f} s; see "
+                                   f"{home / 'server.log'}")
+            time.sleep(1)
+    except BaseException:  # not up in time, or Ctrl-C / SIGTERM while it starts: no server and no record left behind
+        stop_server(proc, home)
+        raise
     os.environ["PREFECT_API_URL"] = url
     return url, proc
 
@@ -772,16 +775,18 @@ def _serve(args) -> int:
     import threading
 
     server = None
-    stopping = threading.Event()
+    stopping, cleaning = threading.Event(), threading.Event()
 
     def interrupt(signum, frame):
         """Ctrl-C and SIGTERM: a KeyboardInterrupt, as usual, and a deadline: Prefect's runner can swallow one
         interrupt during its start-up or shutdown (seen on a busy machine: serve kept running), so if the clean
-        path has not ended `serve` within SERVE_STOP_GRACE_S, the server is stopped and the process exits 130."""
+        path has not ended `serve` within SERVE_STOP_GRACE_S, the server is stopped and the process exits 130.
+        Once the clean path runs (stopping the server, removing its record), another interrupt waits for it."""
         if not stopping.is_set():
             stopping.set()
             threading.Thread(target=deadline, daemon=True).start()
-        raise KeyboardInterrupt
+        if not cleaning.is_set():
+            raise KeyboardInterrupt
 
     def deadline():
         time.sleep(SERVE_STOP_GRACE_S)
@@ -794,8 +799,8 @@ def _serve(args) -> int:
     # our own handler (not default_int_handler), so asyncio's runner keeps it instead of installing its own
     signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGTERM, interrupt)  # SIGTERM ends `serve` as Ctrl-C does: cleanly
-    url, server = ensure_server(args.port, ui=not args.no_ui, keep=args.keep_server)
     try:
+        url, server = ensure_server(args.port, ui=not args.no_ui, keep=args.keep_server)  # (Ctrl-C here: stopped too)
         from coopflow.flows.serve import serve_all
 
         if not args.no_ui:
@@ -810,6 +815,7 @@ def _serve(args) -> int:
         # and returns here (before that, the KeyboardInterrupt reaches the handler below); both end the same way
         raise KeyboardInterrupt
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM
+        cleaning.set()
         print("coopflow serve: stopped" + ("; stopping the Prefect server it started" if server is not None
                                             and not args.keep_server else ""), file=sys.stderr)
         return 130

@@ -105,6 +105,36 @@ def test_serve_refuses_before_starting_anything(tmp_path):
     assert not (tmp_path / "home" / "prefect" / "server.json").exists()
 
 
+
+def test_ctrl_c_while_the_server_starts_leaves_no_server_and_no_record(tmp_path, monkeypatch):
+    """Ctrl-C (or SIGTERM) while `ensure_server` waits for the Prefect server it started to answer: that server is
+    stopped and its record removed before the interrupt goes on (they used to outlive the interrupt, the record
+    naming a dead server)."""
+    import os
+    import subprocess
+
+    from coopflow.flows import cli
+
+    started, popen = [], subprocess.Popen
+
+    def fake_server(args, **kw):  # a process group that never answers /health
+        started.append(popen(["sleep", "600"], start_new_session=True))
+        return started[-1]
+
+    def interrupted(url):
+        assert (tmp_path / "prefect" / cli.SERVER_RECORD).is_file()  # recorded before the wait
+        raise KeyboardInterrupt
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))
+    monkeypatch.setattr(cli.subprocess, "Popen", fake_server)
+    monkeypatch.setattr(cli, "healthy", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        cli.ensure_server(_free_port(), ui=False, keep=True)
+    assert started and started[0].wait(timeout=30) is not None
+    assert not (tmp_path / "prefect" / cli.SERVER_RECORD).exists()
+    assert "PREFECT_API_URL" not in os.environ
+
 def test_the_cli_knows_every_flow():
     from coopflow.flows.cli import FLOW_NAMES, ITERATIVE
     from coopflow.flows.train import FLOWS
