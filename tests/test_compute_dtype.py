@@ -69,10 +69,45 @@ def test_chunk_rows_cover_every_row_within_the_token_cap():
     rows = [([1] * p, [2] * c, 1.0, 0.1) for p, c in [(5, 3), (2, 1), (9, 9), (4, 4), (30, 10), (3, 3)]]
     chunks = chunk_rows(rows, 20)
     assert sorted(map(id, (r for ch in chunks for r in ch))) == sorted(map(id, rows))  # every row, once
-    for ch in chunks:
-        longest = max(len(r[0]) + len(r[1]) for r in ch)
-        assert longest * len(ch) <= 20 or len(ch) == 1  # a row longer than the cap goes alone
+    for ch in chunks:  # padded tokens: rows x (longest prompt + longest completion)
+        padded = len(ch) * (max(len(r[0]) for r in ch) + max(len(r[1]) for r in ch))
+        assert padded <= 20 or len(ch) == 1  # a row longer than the cap goes alone
     assert chunk_rows(rows, None) == [rows]
+    assert chunk_rows(rows, 10_000) == [rows]  # everything fits: one pass, the rows in their own order
+
+
+def test_shared_prompts_count_once_so_a_node_stays_in_one_chunk():
+    """Where the model runs a node's prompt once for its K completions, a chunk holds distinct prompts × longest
+    prompt + rows × longest completion, and chunks are cut between prompts: two nodes of 4 completions (prompt 40,
+    completions 128) are 552 tokens each, 1104 together, so a 1024 cap gives one chunk per node (never 7 rows and 1,
+    which would run the second node's prompt twice)."""
+    from coopflow.stages.update.policy_gradient import chunk_rows
+
+    rows = [([n + 1] * 40, [7] * 128, 1.0, 0.1) for n in range(2) for _ in range(4)]
+    shared = chunk_rows(rows, 1024, shared=True)
+    assert [[r[0][0] for r in ch] for ch in shared] == [[1] * 4, [2] * 4]
+    assert [len(ch) for ch in chunk_rows(rows, 1024)] == [4, 4]  # per row: 4 x 168 = 672, 8 x 168 = 1344
+    big = [([3] * 40, [7] * 128, 1.0, 0.1)] * 12  # one prompt whose rows alone exceed the cap: cut by rows
+    assert [len(ch) for ch in chunk_rows(big, 1024, shared=True)] == [7, 5]  # 40 + 7 x 128 = 936
+
+
+def test_auto_loss_chunks_only_where_the_loss_runs_in_float32(tiny_model_dir):
+    """trainer.loss_chunk_tokens: auto — 1024 tokens for a float32 loss; the whole minibatch at once under a bf16
+    autocast or with bf16 weights; a number or null as given."""
+    from transformers import AutoModelForCausalLM
+
+    from coopflow.stages.agents.state import AgentState
+    from coopflow.stages.update.policy_gradient import AUTO_LOSS_CHUNK_TOKENS, resolve_chunk_tokens
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    agent = AgentState(model=model, tokenizer=None, lr=1e-3)
+    assert resolve_chunk_tokens("auto", agent) == AUTO_LOSS_CHUNK_TOKENS == 1024
+    agent.compute_dtype = "bfloat16"
+    assert resolve_chunk_tokens("auto", agent) is None
+    agent.compute_dtype = None
+    model.to(torch.bfloat16)
+    assert resolve_chunk_tokens("auto", agent) is None
+    assert resolve_chunk_tokens(512, agent) == 512 and resolve_chunk_tokens(None, agent) is None
 
 
 def test_chunked_loss_passes_train_the_same_weights(tmp_path, pinned_threads):

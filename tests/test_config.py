@@ -429,7 +429,7 @@ _RL_EXTENSIONS = {  # coopflow's MAGRPO-family extensions reach a MARLHF run's R
     # the MAGRPO family also gets the MARLHF run's loss_on_padding (it was dropped before, so a run's
     # loss_on_padding: false silently trained its RL phase with the reference's padded loss)
     ("magrpo", {}, {"joint_mode": "aligned", "advantage_mode": None, "loss_on_padding": False,
-                    "collaboration_mode": "decentralized", "loss_chunk_tokens": None, **_RL_EXTENSIONS}),
+                    "collaboration_mode": "decentralized", "loss_chunk_tokens": "auto", **_RL_EXTENSIONS}),
     ("maremax", {"loss_chunk_tokens": 512, "num_policy_epochs": 2, "clip_range": 0.2},
      {"joint_mode": "aligned", "advantage_mode": None, "loss_on_padding": False, "collaboration_mode": "decentralized",
       "loss_chunk_tokens": 512, **_RL_EXTENSIONS, "num_policy_epochs": 2, "clip_range": 0.2}),

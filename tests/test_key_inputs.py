@@ -147,13 +147,15 @@ def _alternative(path: str, f, current):
     args = [ann] if typing.get_origin(ann) is typing.Literal else \
         [a for a in typing.get_args(ann) if a is not type(None)] or [ann]
     base = args[0]
+    if typing.get_origin(base) is typing.Annotated:  # a constrained number (its constraint in the metadata)
+        base = typing.get_args(base)[0]
     if typing.get_origin(base) is typing.Literal:
         return next(c for c in typing.get_args(base) if c != current)
     if base is bool:
         return not current
     limits = {type(m).__name__: m for m in f.metadata}
     if base is int:
-        v = (current or 0) + 1
+        v = (current if isinstance(current, int) else 0) + 1  # (a number for a setting that is 'auto' now)
         le = getattr(limits.get("Le"), "le", None)
         return v if le is None or v <= le else current - 1
     if base is float:

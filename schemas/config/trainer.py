@@ -5,7 +5,7 @@ its MAREINFORCE / MARLOO / MAReMax / centralized variants), IACConfig and MAACCo
 fields of their own) that the actor-critic configs, and MARLHF for its maac/iac backend, put in front of their one
 trainer base. A subclass re-declares an inherited field only through `_override`."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -152,11 +152,13 @@ class MAGRPOConfig(_TrainerBase):
         True, description="The reference's exact loss: each completion padded to its node's longest with pad tokens, "
                           "pads scored, each padded row's last token not (CoMLRL 1.4.3); false: every completion "
                           "token up to EOS is scored and pads never are.")
-    loss_chunk_tokens: int | None = Field(
-        None, ge=1, description="Cap a loss forward at this many padded tokens (rows × longest): the minibatch runs "
-                                "as length-sorted chunks whose gradients add up before its one AdamW step, so peak "
-                                "activation memory follows the chunk (and sorted chunks pad less); null = the whole "
-                                "minibatch in one forward.")
+    loss_chunk_tokens: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        "auto", description="Cap a loss forward at this many padded tokens (rows × (longest prompt + longest "
+                            "completion); each distinct prompt counted once where the model runs it once for its "
+                            "completions): the minibatch runs as length-sorted chunks whose gradients add up before "
+                            "its one AdamW step, so peak activation memory follows the chunk; null = the whole "
+                            "minibatch in one forward; auto = 1024 where the loss runs in float32, null under a "
+                            "bf16/fp16 compute dtype.")
     tree_expansion: Literal["all", "best"] = Field(
         "all", description="Multi-turn trees: all (every joint action continues: CoMLRL's K^H tree) | best (only a "
                            "node's highest-reward joint action continues: AT-GRPO's greedy tree sampling, one node of "

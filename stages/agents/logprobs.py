@@ -97,7 +97,7 @@ def sequence_logprobs(model, prompts: list[list[int]], completions: list[list[in
     one forward per row, with the prompt's compute and activations paid once instead of K times.
     """
     device = next(model.parameters()).device
-    groups = _prompt_groups(prompts) if share_prompts and _shares(model) else None
+    groups = _prompt_groups(prompts) if share_prompts and shares_prompts(model) else None
     if groups is not None:
         logits, targets, cmask = _shared_prompt_logits(model, prompts, completions, pad_id, groups, device)
     else:
@@ -118,7 +118,9 @@ def sequence_logprobs(model, prompts: list[list[int]], completions: list[list[in
 _SHARING_FAMILIES = {"qwen2", "llama", "mistral"}  # causal LMs whose cache + mask path is tested equal (tests)
 
 
-def _shares(model) -> bool:
+def shares_prompts(model) -> bool:
+    """Whether `sequence_logprobs` runs each distinct prompt of a batch once for this model (its family's cache and
+    mask path is tested equal to one forward per row)."""
     cfg = getattr(model, "config", None)
     return getattr(cfg, "model_type", None) in _SHARING_FAMILIES
 

@@ -38,7 +38,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from coopflow.artifacts import faults
 from coopflow.stages.common.seeds import derive_seed
-from coopflow.stages.agents.logprobs import completion_mask, sequence_logprobs
+from coopflow.stages.agents.logprobs import completion_mask, sequence_logprobs, shares_prompts
 from coopflow.stages.agents.state import AgentState, PolicyGroup
 
 
@@ -149,21 +149,53 @@ def _surrogate(ratio: torch.Tensor, A: torch.Tensor, lo: float | None, hi: float
     return torch.minimum(unclipped, clipped), clipped < unclipped
 
 
-def chunk_rows(rows: list[tuple], max_tokens: int | None) -> list[list[tuple]]:
-    """The rows in forward-sized chunks: all at once (None), else sorted and cut so that each chunk's padded size
-    (rows × its longest prompt + completion) stays within `max_tokens` (a longer row goes alone). Sorted by prompt
-    length, then prompt, then completion length: a node's K completions stay together (their prompt then runs once,
-    `sequence_logprobs`) and each chunk pads to its own longest row."""
-    if not max_tokens:
+AUTO_LOSS_CHUNK_TOKENS = 1024
+"""`trainer.loss_chunk_tokens: auto` where an agent's loss runs in float32 (no autocast, float32 weights): float32
+activations are twice bf16's, and a pass of this many tokens ran as fast as the whole minibatch at once
+(docs/benchmarks.md, "Peak memory")."""
+
+
+def resolve_chunk_tokens(setting: int | str | None, agent: AgentState) -> int | None:
+    """`trainer.loss_chunk_tokens` for this agent: 'auto' is AUTO_LOSS_CHUNK_TOKENS where its loss passes run in
+    float32 and the whole minibatch in one pass under a bf16 / fp16 autocast or with half-precision weights (chunks
+    there saved no memory and cost update speed, measured); a number or None as given."""
+    if setting != "auto":
+        return setting
+    autocast = agent.compute_dtype not in (None, "model")
+    return AUTO_LOSS_CHUNK_TOKENS if not autocast and next(agent.model.parameters()).dtype == torch.float32 else None
+
+
+def chunk_rows(rows: list[tuple], max_tokens: int | None, shared: bool = False) -> list[list[tuple]]:
+    """The rows in forward-sized chunks: all at once, in the order given, when they fit in `max_tokens` (or it is
+    None); else sorted by prompt length, prompt, then completion length and cut so that each chunk's padded tokens
+    stay within it, whole prompts at a time (a node's K completions stay together, so their prompt runs once; a
+    prompt whose rows alone exceed the cap is cut by rows, and a row longer than the cap goes alone). A chunk's
+    tokens: rows × (longest prompt + longest completion), or with `shared` (the model runs each distinct prompt once
+    under its completions, `sequence_logprobs`) distinct prompts × longest prompt + rows × longest completion."""
+
+    def tokens(chunk: list[tuple]) -> int:
+        prompts = len({tuple(r[0]) for r in chunk}) if shared else len(chunk)
+        return prompts * max(len(r[0]) for r in chunk) + len(chunk) * max(len(r[1]) for r in chunk)
+
+    if not max_tokens or tokens(rows) <= max_tokens:
         return [rows]
-    out, cur, longest = [], [], 0
-    for r in sorted(rows, key=lambda r: (len(r[0]), r[0], len(r[1]))):
-        n = len(r[0]) + len(r[1])
-        if cur and max(longest, n) * (len(cur) + 1) > max_tokens:
+    ordered = sorted(rows, key=lambda r: (len(r[0]), r[0], len(r[1])))
+    groups = [[ordered[0]]]  # the rows of one prompt
+    for r in ordered[1:]:
+        if r[0] == groups[-1][0][0]:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    out, cur = [], []
+    for group in groups:
+        if cur and tokens(cur + group) > max_tokens:
             out.append(cur)
-            cur, longest = [], 0
-        cur.append(r)
-        longest = max(longest, n)
+            cur = []
+        for r in group:  # (the whole group when it fits; else row by row)
+            if cur and tokens(cur + [r]) > max_tokens:
+                out.append(cur)
+                cur = []
+            cur.append(r)
     return out + ([cur] if cur else [])
 
 
@@ -188,7 +220,7 @@ def _minibatches(rollouts: list[dict], adv: dict[tuple, float], index: int, batc
 def sampling_logprobs(agent: AgentState, rows: list[tuple], chunk_tokens: int | None) -> dict[tuple, torch.Tensor]:
     """{row key: token log-probs [len(completion)]} under the agent's current (sampling) policy, no gradients."""
     out = {}
-    for chunk in chunk_rows(rows, chunk_tokens):
+    for chunk in chunk_rows(rows, chunk_tokens, shares_prompts(agent.model)):
         with agent.autocast():
             _, tok = sequence_logprobs(agent.model, [r[0] for r in chunk], [r[1] for r in chunk],
                                        agent.tokenizer.pad_token_id, return_tokens=True)
@@ -202,16 +234,17 @@ def _row_logprobs(tok: torch.Tensor, rows: list[tuple]) -> dict[tuple, torch.Ten
 
 
 def update_agent(agent: AgentState, rollouts: list[dict], adv: dict[tuple, float], batch_size: int, seed: int,
-                 step: int, index: int, pad_tail: bool = False, chunk_tokens: int | None = None,
+                 step: int, index: int, pad_tail: bool = False, chunk_tokens: int | str | None = None,
                  objective: Objective = Objective()) -> dict[str, float]:
     """One agent's update over its node samples of one buffer (runs wherever the agent lives).
 
-    `chunk_tokens` (trainer.loss_chunk_tokens): a minibatch's loss is a sum over its completions, so it can run
-    as several forward/backward passes whose gradients add up (one AdamW step per minibatch either way): peak
-    activation memory follows the chunk, not the minibatch. `objective`: passes and ratio clipping (the default
+    `chunk_tokens` (trainer.loss_chunk_tokens, 'auto' resolved by `resolve_chunk_tokens`): a minibatch's loss is a
+    sum over its completions, so it can run as several forward/backward passes whose gradients add up (one AdamW
+    step per minibatch either way): peak activation memory follows the chunk, not the minibatch. `objective`: passes and ratio clipping (the default
     is the reference's one REINFORCE step)."""
     model, tok = agent.model, agent.tokenizer
     opt = agent.ensure_optimizer()
+    chunk_tokens, shared = resolve_chunk_tokens(chunk_tokens, agent), shares_prompts(model)
     rng = random.Random(derive_seed(seed, step, index, "shuffle"))
     losses, tokens = [], 0
     stats: dict[str, list[float]] = defaultdict(list)
@@ -225,7 +258,7 @@ def update_agent(agent: AgentState, rollouts: list[dict], adv: dict[tuple, float
             for i, (turn, rows) in enumerate(batches):
                 opt.zero_grad(set_to_none=True)
                 total = 0.0
-                for chunk in chunk_rows(rows, chunk_tokens):
+                for chunk in chunk_rows(rows, chunk_tokens, shared):
                     with agent.autocast():  # (agents.compute_dtype; the backward follows the forward's dtypes)
                         if objective.uses_ratio:
                             loss, st = clipped_rows_loss(model, chunk, tok.pad_token_id, old, objective,
