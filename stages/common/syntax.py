@@ -14,7 +14,7 @@ import threading
 
 __all__ = ["parse"]
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # (re-entrant: a signal handler that parses cannot deadlock it)
 
 
 def parse(source: str | bytes, filename: str = "<unknown>") -> ast.Module:

@@ -3,7 +3,8 @@
 For agent i, the node samples of one rollout buffer (a node sample = the K completions of one
 agent at one node) are grouped by turn, shuffled with a seeded RNG and split into minibatches of
 `train_batch_size` node samples. Per minibatch, **one padded, masked forward** over all of its
-completions gives the summed completion log-probs, and
+completions (or over chunks of them, `trainer.loss_chunk_tokens`: by default for a float32 loss, whose
+gradients add up before the step) gives the summed completion log-probs, and
 
     loss = (1/|mb|) Σ_samples (1/K) Σ_k −log π(c_k | prompt) · A_k
 
@@ -240,8 +241,8 @@ def update_agent(agent: AgentState, rollouts: list[dict], adv: dict[tuple, float
 
     `chunk_tokens` (trainer.loss_chunk_tokens, 'auto' resolved by `resolve_chunk_tokens`): a minibatch's loss is a
     sum over its completions, so it can run as several forward/backward passes whose gradients add up (one AdamW
-    step per minibatch either way): peak activation memory follows the chunk, not the minibatch. `objective`: passes and ratio clipping (the default
-    is the reference's one REINFORCE step)."""
+    step per minibatch either way): peak activation memory follows the chunk, not the minibatch. `objective`:
+    passes and ratio clipping (the default is the reference's one REINFORCE step)."""
     model, tok = agent.model, agent.tokenizer
     opt = agent.ensure_optimizer()
     chunk_tokens, shared = resolve_chunk_tokens(chunk_tokens, agent), shares_prompts(model)
