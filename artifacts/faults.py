@@ -1,7 +1,9 @@
 """Fault injection for the reliability tests: `COOPFLOW_FAULT=<point>[@N]` makes this process SIGKILL itself
 the N-th time (default 1st) it reaches `<point>` — e.g. `commit:checkpoint` (an artifact written, not yet
 renamed into place), `checkpoint-write` (on the writer thread of a checkpoint written beside the next segment),
-`generate@3`, `update`, `mlflow-log`. Unset, `hit` costs one dict lookup."""
+`generate@3`, `update`, `mlflow-log`. A point may name who reaches it after a slash (`checkpoint-write/agent0`):
+the spec `checkpoint-write` then matches every agent's, `checkpoint-write/agent0` only agent 0's (in
+`parallel_training: mp` every worker process inherits the spec). Unset, `hit` costs one dict lookup."""
 
 import os
 import signal
@@ -18,8 +20,8 @@ def hit(point: str) -> None:
     if not spec:
         return
     name, _, nth = spec.partition("@")
-    if name != point:
+    if point != name and not point.startswith(name + "/"):
         return
-    _SEEN[point] += 1
-    if _SEEN[point] == int(nth or 1):
+    _SEEN[name] += 1
+    if _SEEN[name] == int(nth or 1):
         os.kill(os.getpid(), signal.SIGKILL)

@@ -201,10 +201,30 @@ def test_an_agent_worker_killed_while_writing_fails_the_run_in_words_and_the_rer
         return subprocess.run([sys.executable, "-c", child, json.dumps(cfg)], cwd=repo, env={**env, **extra},
                               capture_output=True, text=True, timeout=600)
 
-    killed = run(tmp_path / "killed", COOPFLOW_FAULT="checkpoint-write")
+    killed = run(tmp_path / "killed", COOPFLOW_FAULT="checkpoint-write/agent0")  # (every worker inherits the spec)
     assert killed.returncode == 1 and "agent 0 worker: the worker process died (killed by signal 9)" in killed.stderr
     store = ArtifactStore(tmp_path / "killed" / "artifacts")
     assert store.verify_all()[1] == [] and not _manifests(tmp_path / "killed")  # nothing of the write is visible
     resumed, clean = run(tmp_path / "killed"), run(tmp_path / "clean")
     assert resumed.returncode == 0 and clean.returncode == 0, resumed.stderr[-2000:] + clean.stderr[-2000:]
     assert _manifests(tmp_path / "killed") == _manifests(tmp_path / "clean")  # every file, tokenizers included
+
+
+def test_a_fault_spec_names_a_point_or_one_agent_at_it(monkeypatch):
+    """COOPFLOW_FAULT=checkpoint-write kills at any agent's write, checkpoint-write/agent0 only at agent 0's (under
+    mp every worker inherits the spec: the test that kills one worker must name it); @N counts the spec's matches."""
+    from coopflow.artifacts import faults
+
+    killed = []
+    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: killed.append(sig))
+    for spec, points, expect in (("checkpoint-write", ["checkpoint-write/agent1"], 1),
+                                 ("checkpoint-write/agent0", ["checkpoint-write/agent1"], 0),
+                                 ("checkpoint-write/agent0", ["checkpoint-write/agent0"], 1),
+                                 ("checkpoint-write@2", ["checkpoint-write/agent0", "checkpoint-write/agent1"], 1),
+                                 ("checkpoint", ["checkpoint-write/agent0"], 0)):
+        killed.clear()
+        monkeypatch.setattr(faults, "_SEEN", faults.Counter())
+        monkeypatch.setenv("COOPFLOW_FAULT", spec)
+        for p in points:
+            faults.hit(p)
+        assert len(killed) == expect, (spec, points)

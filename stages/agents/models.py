@@ -321,7 +321,7 @@ def begin_save(agent: AgentState, out: Path, index: int) -> None:
 def _save_and_hash(agent: AgentState, out: Path, index: int) -> tuple[dict[str, str], float]:
     """Write agent i's part and hash its files: (their digests, when it ended as time.time())."""
     save_agent(agent, out, index)
-    faults.hit("checkpoint-write")  # (tests: killed while a checkpoint is written beside the next phase)
+    faults.hit(f"checkpoint-write/agent{index}")  # (tests: killed while a checkpoint is written beside the next phase)
     lay = CheckpointLayout(Path(out))
     return {str(f.relative_to(out)): sha256_file(f) for f in lay.agent_files(index)}, time.time()
 
