@@ -32,6 +32,7 @@ ratio_mean, averaged over the update's minibatches.
 
 import random
 from collections import defaultdict
+from itertools import groupby
 from dataclasses import dataclass
 
 import torch
@@ -181,14 +182,8 @@ def chunk_rows(rows: list[tuple], max_tokens: int | None, shared: bool = False) 
     if not max_tokens or tokens(rows) <= max_tokens:
         return [rows]
     ordered = sorted(rows, key=lambda r: (len(r[0]), r[0], len(r[1])))
-    groups = [[ordered[0]]]  # the rows of one prompt
-    for r in ordered[1:]:
-        if r[0] == groups[-1][0][0]:
-            groups[-1].append(r)
-        else:
-            groups.append([r])
     out, cur = [], []
-    for group in groups:
+    for group in (list(g) for _, g in groupby(ordered, key=lambda r: r[0])):  # the rows of one prompt
         if cur and tokens(cur + group) > max_tokens:
             out.append(cur)
             cur = []
