@@ -36,6 +36,9 @@ so machine drift cancels; the printed ratio is baseline / lever (> 1: the lever 
 - loss_chunked_lse: the shared-prompt loss forward + backward (bf16 autocast) with the sampled tokens' log-probs
   taken block by block in float32 (`token_logprobs(chunk=64)`, coopflow's default) vs the float32 copy of every
   position's logits and autograd's logsumexp; loss and gradients compared.
+- loss_wide_attention: the shared-prompt loss forward + backward (bf16 autocast) with SDPA on float32 queries, keys
+  and values (coopflow's choice where bf16 attention is not the fast kernel: CPUs without AMX) vs on bf16 ones;
+  loss and the gradients' relative difference.
 - decode_floor: a decode step against the weight-read floor, at --rows and 2x --rows: step ms with every bf16
   lever on (lever) and off (base), the matmuls alone, weight bytes / step time as GB/s, and this core's read
   bandwidth measured in the same run (the best of a float32 dot and sum over weight-sized buffers), so the
@@ -320,6 +323,39 @@ def lever_loss_eager_attention(model, tok, a) -> dict:
     return {"base_s": tb, "lever_s": tl, "loss_sdpa": round(l0, 4), "loss_eager": round(l1, 4)}
 
 
+def lever_loss_wide_attention(model, tok, a) -> dict:
+    """The policy loss forward + backward (shared prompts, bf16 autocast, HumanEval-length prompts, 4 prompts x
+    rows/4 completions) with SDPA on float32 queries, keys and values (`attention.WIDE_SDPA`, coopflow's choice where
+    bf16 attention is not fast) vs SDPA on the autocast's bf16 ones; loss and gradients compared."""
+    from coopflow.stages.agents import attention as AT
+    from coopflow.stages.agents.logprobs import sequence_logprobs
+
+    prompts, comps = _sampled_batch(model, tok, a)
+    grads = {}
+
+    def run(impl):
+        def go():
+            model.set_attn_implementation(impl)
+            model.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = -sequence_logprobs(model, prompts, comps, tok.pad_token_id).mean()
+            loss.backward()
+            grads[impl] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+            return loss.item()
+        return go
+
+    model.train()
+    tb, tl = interleave(run("sdpa"), run(AT.register()), a.repeats)
+    l0, l1 = run("sdpa")(), run(AT.WIDE_SDPA)()
+    g0, g1 = grads["sdpa"], grads[AT.WIDE_SDPA]
+    model.set_attn_implementation("sdpa")
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    return {"base_s": tb, "lever_s": tl, "fast_bf16_attention": AT.fast_bf16_attention(torch.device("cpu")),
+            "loss_bf16_attention": round(l0, 4), "loss_float32_attention": round(l1, 4),
+            "grad_rel_diff": float((g0 - g1).norm() / g0.norm())}
+
+
 def lever_decode_packed(model, tok, a) -> dict:
     return _decode_ab(model, tok, a, "packed", (0.8, 50, 0.95))
 
@@ -590,7 +626,7 @@ LEVERS = {"decode_bf16": lever_decode_bf16, "decode_fused": lever_decode_fused, 
           "decode_survivors": lever_decode_survivors, "decode_floor": lever_decode_floor,
           "decode_pack_hint": lever_decode_pack_hint, "decode_frozen": lever_decode_frozen,
           "decode_prefix_attention": lever_decode_prefix_attention,
-          "loss_chunked_lse": lever_loss_chunked_lse}
+          "loss_chunked_lse": lever_loss_chunked_lse, "loss_wide_attention": lever_loss_wide_attention}
 
 
 def main() -> int:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from coopflow.stages.agents.spec import AgentSpec
 from coopflow.schemas.config import validate_config
@@ -119,3 +120,98 @@ def test_chunked_loss_passes_train_the_same_weights(tmp_path, pinned_threads):
     assert Path(chunked["checkpoint"]).name != Path(whole["checkpoint"]).name
     ww, wc = _weights(Path(whole["checkpoint"])), _weights(Path(chunked["checkpoint"]))
     assert all(torch.allclose(ww[k], wc[k], atol=1e-6) for k in ww)
+
+
+# --- the loss passes' attention dtype (stages.agents.attention) ------------------------------------------------
+
+
+class _AttentionDtypes(TorchDispatchMode):
+    """Records the query dtype of every attention kernel that runs (forward and backward), as dispatched: below
+    autocast, so a cast autocast makes is seen."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: dict[str, set] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__
+        if "scaled_dot_product" in name:
+            self.seen.setdefault("backward" if "backward" in name else "forward", set()).add(args[1].dtype
+                                                                                             if "backward" in name
+                                                                                             else args[0].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+def _loss_and_grads(model, tok):
+    from coopflow.stages.agents.logprobs import sequence_logprobs
+
+    model.zero_grad(set_to_none=True)
+    prompt = tok("the moon is")["input_ids"]
+    comps = [tok(c)["input_ids"] for c in (" a big red star .", " blue", " the sun and the moon")]
+    loss = -sequence_logprobs(model, [prompt] * 3, comps, tok.pad_token_id).sum()
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_bf16_loss_passes_attend_in_float32_where_bf16_attention_is_the_slower_kernel(tiny_model_dir, monkeypatch,
+                                                                                       fast):
+    """On a device without fast bf16 attention (a CPU without AMX) a bf16 agent's loss passes run SDPA on float32
+    queries, keys and values, forward and backward; where bf16 attention is fast they stay bf16; back to plain SDPA
+    when the compute dtype is the model's."""
+    from coopflow.stages.agents import attention as AT
+    from coopflow.stages.agents.models import load_agent_state
+    from coopflow.stages.agents.state import set_compute_dtype
+
+    monkeypatch.setattr(AT, "fast_bf16_attention", lambda device: fast)
+    agent = load_agent_state(AgentSpec(str(tiny_model_dir), 1e-3))
+    set_compute_dtype(agent, "bfloat16")
+    assert agent.model.config._attn_implementation == ("sdpa" if fast else AT.WIDE_SDPA)
+    agent.model.train()
+    with _AttentionDtypes() as kernels, agent.autocast():
+        loss, grads = _loss_and_grads(agent.model, agent.tokenizer)
+    want = {torch.bfloat16 if fast else torch.float32}
+    assert kernels.seen == {"forward": want, "backward": want}
+    assert torch.isfinite(loss) and grads and all(torch.isfinite(g).all() for g in grads.values())
+    set_compute_dtype(agent, "model")
+    assert agent.model.config._attn_implementation == "sdpa"
+
+
+def test_the_float32_attention_is_plain_sdpa_without_autocast(tiny_model_dir, monkeypatch):
+    """In float32 (the default, the reference's numerics) the wide attention changes nothing: the same loss and
+    gradients bit for bit; a model on another attention implementation (eager) is never switched."""
+    from coopflow.stages.agents import attention as AT
+    from coopflow.stages.agents.models import load_agent
+
+    monkeypatch.setattr(AT, "fast_bf16_attention", lambda device: False)
+    model, tok = load_agent(tiny_model_dir)
+    model.train()
+    loss, grads = _loss_and_grads(model, tok)
+    AT.use_wide_attention(model, "bfloat16")
+    assert model.config._attn_implementation == AT.WIDE_SDPA
+    loss_wide, grads_wide = _loss_and_grads(model, tok)
+    assert torch.equal(loss, loss_wide) and grads.keys() == grads_wide.keys()
+    assert all(torch.equal(grads[n], grads_wide[n]) for n in grads)
+    eager, _ = load_agent(tiny_model_dir, attn_implementation="eager")
+    AT.use_wide_attention(eager, "bfloat16")
+    assert eager.config._attn_implementation == "eager"
+
+
+def test_whether_bf16_attention_is_fast_enters_bf16_keys_only(tmp_path, monkeypatch):
+    """The device's bf16 attention decides a bf16 run's numerics (the decode loop's KV cache, the loss passes'
+    attention), so it is part of a bf16 run's keys; a float32 run's keys do not depend on it."""
+    from coopflow.artifacts import ArtifactStore
+    from coopflow.stages.planning import context as PC
+    from coopflow.stages.tasks.taskset import build_taskset
+
+    def start_key(fast: bool, agents: dict) -> str:
+        monkeypatch.setattr(PC, "fast_bf16_attention", lambda device: fast)
+        cfg = validate_config(small_config(tmp_path, agents=agents))
+        store = ArtifactStore(tmp_path / "data")
+        ctx = PC.make_context(cfg, store, build_taskset(cfg.taskset, store))
+        ctx.session.close()
+        return ctx.plan.start_key
+
+    assert start_key(True, BF16) != start_key(False, BF16)
+    plain = {"agent_model": "tiny", "num_agents": 2}
+    assert start_key(True, plain) == start_key(False, plain)

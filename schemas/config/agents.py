@@ -42,7 +42,8 @@ class AgentsConfig(_Strict):
         "model", description="Dtype of the matmuls (weights and optimizer state stay in agents.dtype): the decode "
                              "loop's projections (with bf16 also its KV cache and attention on CPUs with AMX and "
                              "on GPUs, and each token drawn from the top-k survivors) and the policy/DPO/actor "
-                             "loss forward (autocast). model = the weights' own (generate's tokens); bfloat16 = "
+                             "loss forward (autocast; its attention in float32 on CPUs without AMX, where "
+                             "that is the faster kernel). model = the weights' own (generate's tokens); bfloat16 = "
                              "half the bytes per decoded token and faster loss passes on CPUs with AVX512-BF16/AMX "
                              "and on GPUs; auto = bfloat16 where the device has native bf16 matmuls, else model. "
                              "Changes samples and updates slightly (new cache keys).")

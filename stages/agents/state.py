@@ -17,6 +17,8 @@ from typing import Protocol
 
 import torch
 
+from coopflow.stages.agents.attention import use_wide_attention
+
 # --- writes beside the next phase ------------------------------------------------------------------------------
 # A checkpoint is written on writer threads of the process that holds the agents (stages.agents.models.begin_save),
 # reading the live weights and optimizer state in place while generation or evaluation goes on: nothing may change
@@ -164,8 +166,11 @@ class Policies:
 
 
 def set_compute_dtype(agent: AgentState, name: str | None) -> None:
-    """Per-agent op: the dtype its loss passes autocast to (a run setting, wherever the agent lives)."""
+    """Per-agent op: the dtype its loss passes autocast to (a run setting, wherever the agent lives), and the
+    attention its models run with it (float32 where bf16 attention is the slower kernel, `attention`)."""
     agent.compute_dtype = None if name in (None, "model") else name
+    for model in (agent.model, agent.reference, getattr(agent.critic, "model", None)):
+        use_wide_attention(model, agent.compute_dtype)
 
 
 def _only(agent, go: bool, op: Callable, *args):

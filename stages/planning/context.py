@@ -21,7 +21,8 @@ from coopflow.schemas.config import (FormatterConfig, RunConfig, is_local_model_
                                      rl_trainer_fields, validate_config)
 from coopflow.stages.agents.catalog import install, is_catalog_name
 from coopflow.stages.agents.decode import resolve_compute_dtype
-from coopflow.stages.agents.models import build_tiny_model
+from coopflow.stages.agents.hardware import fast_bf16_attention
+from coopflow.stages.agents.models import build_tiny_model, resolve_device
 from coopflow.stages.planning import budget
 from coopflow.stages.planning.keys import declared_key, segment_end_keys, segment_record_keys, start_key
 from coopflow.stages.planning.settings import RunSettings
@@ -134,9 +135,14 @@ def resolve_sources(cfg: RunConfig, store: ArtifactStore,
     settings = settings or RunSettings.of(cfg)
     paths, ident = resolve_model_sources(cfg.actor_sources(), settings, store, "agents")
     # (the dtype, LoRA and compute settings enter the start key as its declared inputs; `auto` compute resolves
-    # by device, so the resolved one is part of the identity)
-    return paths, {"sources": ident, "compute_dtype": resolve_compute_dtype(cfg.agents.compute_dtype,
-                                                                            cfg.agents.device)}
+    # by device, so the resolved one is part of the identity, and with a narrower compute dtype so is whether the
+    # device's bf16 attention is the faster kernel: it decides the decode loop's KV cache and the loss passes'
+    # attention dtype, `hardware.fast_bf16_attention`)
+    compute = resolve_compute_dtype(cfg.agents.compute_dtype, cfg.agents.device)
+    identity = {"sources": ident, "compute_dtype": compute}
+    if compute != "model":
+        identity["fast_bf16_attention"] = fast_bf16_attention(resolve_device(cfg.agents.device))
+    return paths, identity
 
 
 def resolve_model_sources(sources: list[str], settings: RunSettings, store: ArtifactStore,
