@@ -6,9 +6,9 @@ is slower than the float32 one on the same inputs (the decode loop keeps its KV 
 there for the same reason, `hardware.fast_bf16_attention`), most of all for small heads. On such devices the agent's
 models run attention through `WIDE_SDPA`: the same SDPA call on the queries, keys and values cast up to float32,
 its output cast to the autocast dtype (queries and keys reach attention in float32 anyway, after the rotary
-embedding, and SDPA's autocast rule casts them down). The matmuls around it stay bf16; the masks, scaling and dropout are
-SDPA's own; the flash kernel keeps its inputs and a log-sum-exp for the backward, not the attention matrix, so the
-extra memory is the float32 copies of q, k and v. Outside an autocast (a float32 loss, evaluation, `generate`) the
+embedding, and SDPA's autocast rule casts them down). The matmuls around it stay bf16; the masks, scaling and
+dropout are SDPA's own; the flash kernel keeps its inputs and a log-sum-exp for the backward, not the attention
+matrix, so the extra memory is the float32 copies of q, k and v. Outside an autocast (a float32 loss, evaluation, `generate`) the
 inputs are already float32 and `WIDE_SDPA` is plain SDPA.
 
 `use_wide_attention(model, compute_dtype)` switches a model to it or back (a per-agent op of the run's compute
