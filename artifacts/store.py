@@ -360,13 +360,8 @@ class ArtifactStore:
                     shutil.rmtree(tmp, ignore_errors=True)
                     return done
                 shutil.rmtree(final)
-            try:
-                os.replace(tmp, final)
-            except OSError as err:  # a concurrent writer of the same key committed after the check above
-                done = self.find(kind, key) if err.errno in (errno.ENOTEMPTY, errno.EEXIST) else None
-                if done is None:
-                    raise
-                shutil.rmtree(tmp, ignore_errors=True)
+            done = self._place(tmp, final, kind, key)
+            if done is not None:
                 return done
         except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -402,6 +397,20 @@ class ArtifactStore:
             raise ArtifactError(f"{err} (the artifact is intact locally; rerun to publish it)") from None
         (root / PUBLISHED).touch()
 
+    def _place(self, tmp: Path, final: Path, kind: str, key: str) -> ArtifactRef | None:
+        """Rename the complete copy `tmp` to `final`: None once it is there. A concurrent writer or fetch of the same
+        key that renamed its own copy in after the caller's exists check wins (ENOTEMPTY): `tmp` is removed and the
+        stored artifact returned."""
+        try:
+            os.replace(tmp, final)
+            return None
+        except OSError as err:
+            done = self.find(kind, key) if err.errno in (errno.ENOTEMPTY, errno.EEXIST) else None
+            if done is None:
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+            return done
+
     def _fetch(self, kind: str, key: str) -> ArtifactRef | None:
         """Download a remote artifact into place here (verified first), or None when the remote lacks it."""
         from coopflow.artifacts.remote import RemoteError
@@ -436,8 +445,7 @@ class ArtifactStore:
                     shutil.rmtree(tmp, ignore_errors=True)
                     return self.find(kind, key)
                 shutil.rmtree(final)
-            os.replace(tmp, final)
-            return ref
+            return self._place(tmp, final, kind, key) or ref
         except RemoteError as err:
             shutil.rmtree(tmp, ignore_errors=True)
             raise ArtifactError(str(err)) from None

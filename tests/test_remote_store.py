@@ -60,6 +60,29 @@ def test_a_second_store_fetches_and_verifies_what_the_first_published(tmp_path, 
     assert sorted(a.remote.keys()) == [("checkpoint", "c1"), ("metrics", "k1")]
 
 
+def test_a_fetch_that_loses_the_rename_to_a_concurrent_one_returns_its_artifact(tmp_path, remote, monkeypatch):
+    """Two runs on one data dir that fetch the same published artifact at once (the clean-clone CI saw it: two
+    `coopflow run` processes sharing a bucket): the second to rename its download into place finds the first one's
+    there (ENOTEMPTY); it keeps that one and removes its own download instead of failing."""
+    t, d = _put(ArtifactStore(tmp_path / "a", remote))
+    b, other = ArtifactStore(tmp_path / "b", remote), ArtifactStore(tmp_path / "b", remote)
+    replace, raced = os.replace, []
+
+    def other_fetches_first(src, dst):
+        if ".tmp-" in str(src) and not raced:
+            raced.append(1)  # the other fetch lands in the window between the exists check and the rename
+            other.find(*Path(dst).relative_to(b.root).parts)
+        return replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", other_fetches_first)
+    for ref in (t, d):
+        raced.clear()
+        assert b.find(ref.kind, ref.key) == ref and raced
+    assert b.read_rows(t) == [{"key": "loss", "value": 1.5, "env_step": 0}]
+    assert b.verify_all() == (2, [])
+    assert not list(b.root.rglob(".tmp-*"))
+
+
 def test_a_writer_killed_before_its_commit_record_leaves_nothing_visible(tmp_path, remote, monkeypatch):
     """Objects uploaded, record not written (here: the record's PUT fails): other stores see no artifact; the
     writer's next lookup publishes it."""
