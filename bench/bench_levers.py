@@ -42,7 +42,8 @@ so machine drift cancels; the printed ratio is baseline / lever (> 1: the lever 
 - decode_floor: a decode step against the weight-read floor, at --rows and 2x --rows: step ms with every bf16
   lever on (lever) and off (base), the matmuls alone, weight bytes / step time as GB/s, and this core's read
   bandwidth measured in the same run (the best of a float32 dot and sum over weight-sized buffers), so the
-  floor = weight bytes / read bandwidth and the step's multiple of it.
+  floor = weight bytes / read bandwidth and the step's multiple of it; also the float32 step (float32 matmuls, the
+  weights' own dtype) against its floor (twice the bytes).
 
 The model defaults to the catalog's SmolLM2-135M-Instruct (`coopflow models install smollm2-135m-instruct`),
 whose time is matmuls over 30 layers, not per-call overhead. Wait for a quiet machine before trusting numbers.
@@ -558,7 +559,8 @@ def _timed(fn) -> float:
 def lever_decode_floor(model, tok, a) -> dict:
     """A decode step (bf16 matmuls, HumanEval-length prompts, runs' sampling) against the time to read its matmul
     weights once: per rows in (--rows, 2x --rows), the step with every bf16 lever on and off, the matmuls alone
-    (the same packed weights, one step's inputs) and the floor from the read bandwidth measured here."""
+    (the same packed weights, one step's inputs) and the floor from the read bandwidth measured here; and the
+    float32 step (the weights' own dtype) against its floor, twice the bf16 one (twice the bytes)."""
     from coopflow.stages.agents import decode as FD
 
     inner = model.model
@@ -574,20 +576,22 @@ def lever_decode_floor(model, tok, a) -> dict:
     for rows in (a.rows, 2 * a.rows):
         enc = tok(_humaneval_like(tok, rows), return_tensors="pt", padding=True)
 
-        def per_step(**levers):
+        def per_step(compute_dtype=torch.bfloat16, **levers):
             def call(n):
                 torch.manual_seed(0)
                 FD.sample(model, enc["input_ids"], enc["attention_mask"], n, 0.8, 50, 0.95, None, tok.pad_token_id,
-                          compute_dtype=torch.bfloat16, **levers)
+                          compute_dtype=compute_dtype, **levers)
             call(2)
             return lambda: (_timed(lambda: call(T + 4)) - _timed(lambda: call(4))) / T
 
         on, off = per_step(), per_step(packed=False, narrow_cache=False, survivors=False)
-        steps_off, steps_on = [], []
+        wide = per_step(compute_dtype=None)  # float32 matmuls: the weights' own dtype, twice the bytes
+        steps_off, steps_on, steps_wide = [], [], []
         for _ in range(a.repeats):  # interleaved, seconds per step
             steps_off.append(off())
             steps_on.append(on())
-        t_off, t_on = statistics.median(steps_off), statistics.median(steps_on)
+            steps_wide.append(wide())
+        t_off, t_on, t_wide = (statistics.median(x) for x in (steps_off, steps_on, steps_wide))
         pack = FD.packs(torch.bfloat16, torch.device("cpu"))
         lins = [FD._layer_weights(layer, torch.bfloat16, torch.float32) for layer in inner.layers]
         head = FD._Proj(model.lm_head.weight, None, torch.bfloat16)
@@ -606,7 +610,9 @@ def lever_decode_floor(model, tok, a) -> dict:
                               "matmuls_ms": round(mm * 1e3, 1), "weights_GBps": round(wbytes / t_on / 1e9, 1),
                               "matmul_GBps": round(wbytes / mm / 1e9, 1),
                               "step_x_floor": round(t_on * 1e3 / floor_ms, 2),
-                              "matmuls_x_floor": round(mm * 1e3 / floor_ms, 2)}
+                              "matmuls_x_floor": round(mm * 1e3 / floor_ms, 2),
+                              "float32_step_ms": round(t_wide * 1e3, 1),
+                              "float32_step_x_floor": round(t_wide * 1e3 / (2 * floor_ms), 2)}
         out.setdefault("base_s", t_off)
         out.setdefault("lever_s", t_on)
     return out
