@@ -135,10 +135,9 @@ class _AttentionDtypes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__
-        if "scaled_dot_product" in name:
-            self.seen.setdefault("backward" if "backward" in name else "forward", set()).add(args[1].dtype
-                                                                                             if "backward" in name
-                                                                                             else args[0].dtype)
+        if "scaled_dot_product" in name:  # (a backward kernel's first argument is the output gradient, then q)
+            backward = "backward" in name
+            self.seen.setdefault("backward" if backward else "forward", set()).add(args[int(backward)].dtype)
         return func(*args, **(kwargs or {}))
 
 

@@ -8,8 +8,8 @@ models run attention through `WIDE_SDPA`: the same SDPA call on the queries, key
 its output cast to the autocast dtype (queries and keys reach attention in float32 anyway, after the rotary
 embedding, and SDPA's autocast rule casts them down). The matmuls around it stay bf16; the masks, scaling and
 dropout are SDPA's own; the flash kernel keeps its inputs and a log-sum-exp for the backward, not the attention
-matrix, so the extra memory is the float32 copies of q, k and v. Outside an autocast (a float32 loss, evaluation, `generate`) the
-inputs are already float32 and `WIDE_SDPA` is plain SDPA.
+matrix, so the extra memory is the float32 copies of q, k and v. Outside an autocast (a float32 loss, evaluation,
+`generate`) the inputs are already float32 and `WIDE_SDPA` is plain SDPA.
 
 `use_wide_attention(model, compute_dtype)` switches a model to it or back (a per-agent op of the run's compute
 setting, `state.set_compute_dtype`); only models on SDPA are switched, so a user's `attn_implementation` stays.
