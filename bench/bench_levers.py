@@ -504,6 +504,12 @@ def lever_decode_survivors(model, tok, a) -> dict:
     return _decode_ab(model, tok, a, "survivors", (0.8, 50, 0.95))
 
 
+def lever_decode_shared_attention(model, tok, a) -> dict:
+    """sample(shared_attention=True): each prompt's cached keys/values read once per step for its rows/4 samples
+    (the prompt part and each row's own part under one softmax) vs SDPA over every row's copy."""
+    return _decode_ab(model, tok, a, "shared_attention", (0.8, 50, 0.95))
+
+
 def lever_loss_chunked_lse(model, tok, a) -> dict:
     import functools
 
@@ -626,7 +632,7 @@ def load_agent_with(model_dir: str, attention: str):
 
 LEVERS = {"decode_bf16": lever_decode_bf16, "decode_fused": lever_decode_fused, "prefill_shared": lever_prefill_shared,
           "loss_shared_prompts": lever_loss_shared_prompts, "decode_static": lever_decode_static,
-          "decode_compile": lever_decode_compile, "loss_bf16": lever_loss_bf16, "adamw_fused": lever_adamw_fused,
+          "decode_compile": lever_decode_compile, "decode_shared_attention": lever_decode_shared_attention, "loss_bf16": lever_loss_bf16, "adamw_fused": lever_adamw_fused,
           "decode_rows": lever_decode_rows, "loss_eager_attention": lever_loss_eager_attention,
           "decode_packed": lever_decode_packed, "decode_narrow_cache": lever_decode_narrow_cache,
           "decode_survivors": lever_decode_survivors, "decode_floor": lever_decode_floor,

@@ -290,3 +290,54 @@ def test_packed_true_where_weights_cannot_be_packed_is_refused(tiny_model_dir):
     with pytest.raises(ValueError, match="cannot be pre-packed"):
         FD.sample(model, enc.input_ids, enc.attention_mask, 4, 0.8, 50, 0.95, None, tok.pad_token_id,
                   compute_dtype=torch.float32, packed=True)
+
+
+def test_shared_prompt_attention_equals_sdpa_over_each_rows_whole_cache():
+    """Attention with each prompt's keys/values read once for its rows (grouped-query heads, pads in one prompt)
+    gives what SDPA gives over every row's own copy of its prompt's cache followed by its own tokens."""
+    g = torch.Generator().manual_seed(0)
+    U, r, H, KV, P, t, hd = 3, 2, 6, 2, 7, 4, 8
+    B = U * r
+    kp, vp = torch.randn(U, KV, P, hd, generator=g), torch.randn(U, KV, P, hd, generator=g)
+    ko, vo = torch.randn(B, KV, t, hd, generator=g), torch.randn(B, KV, t, hd, generator=g)
+    q = torch.randn(B, H, 1, hd, generator=g)
+    ok = torch.ones(U, P, dtype=torch.bool)
+    ok[1, :3] = False  # a left-padded prompt
+    bias = torch.zeros(U, 1, 1, P).masked_fill(~ok[:, None, None, :], float("-inf"))
+    rows = torch.arange(U).repeat_interleave(r)
+    k, v = torch.cat([kp[rows], ko], 2), torch.cat([vp[rows], vo], 2)
+    mask = torch.cat([ok[rows], torch.ones(B, t, dtype=torch.bool)], 1)[:, None, None, :]
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    got = FD._shared_prompt_attention(q, kp, vp, bias, ko, vo)
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_shared_attention_samples_the_same_tokens_and_runs_where_it_is_the_default(tiny_model_dir, monkeypatch):
+    """`shared_attention` draws the same float32 tokens as attention over every row's whole cache (rows in blocks
+    of K per prompt, as rollouts ask; rows in another order fall back to the whole cache); by default it runs for bf16
+    matmuls where the KV cache stays float32 (a CPU whose bf16 attention is the slower one), not in float32 runs."""
+    model, tok = load_agent(tiny_model_dir)
+    model.eval()
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    calls = []
+    real = FD._shared_prompt_attention
+    monkeypatch.setattr(FD, "_shared_prompt_attention", lambda *a: calls.append(1) or real(*a))
+
+    def draw(order, **kw):
+        torch.manual_seed(4)
+        calls.clear()
+        out = FD.sample(model, enc.input_ids[order], enc.attention_mask[order], 20, 0.9, 50, 0.95, tok.eos_token_id,
+                        tok.pad_token_id, **kw)
+        return out, len(calls)
+
+    blocks = torch.arange(4).repeat_interleave(3)
+    whole, n = draw(blocks, shared_attention=False)
+    assert n == 0
+    shared, n = draw(blocks, shared_attention=True)
+    assert n > 0 and torch.equal(shared, whole)
+    scattered = torch.tensor([2, 0, 1, 2, 3, 0, 2, 1, 3, 0, 1, 3])
+    assert draw(scattered, shared_attention=True)[1] == 0  # not in blocks: the whole cache
+    assert draw(blocks)[1] == 0  # float32: `generate`'s attention
+    for fast, expect in ((False, True), (True, False)):
+        monkeypatch.setattr(FD, "fast_bf16_attention", lambda dev, fast=fast: fast)
+        assert (draw(blocks, compute_dtype=torch.bfloat16)[1] > 0) == expect

@@ -153,6 +153,46 @@ def _rotate(x, cos, signed_sin):
     return x * cos + swapped * signed_sin
 
 
+def _row_groups(inverse, B: int):
+    """The order of the distinct prompts when the B rows come as U contiguous equal blocks, one prompt each (as
+    rollouts ask: each prompt repeated K times in a row) — [U] prompt indices, block by block — else None."""
+    if inverse is None:
+        return None
+    U = int(inverse.max()) + 1
+    if B % U:
+        return None
+    blocks = inverse.view(U, B // U)
+    if not bool((blocks == blocks[:, :1]).all()):
+        return None
+    return blocks[:, 0]
+
+
+def _shared_prompt_attention(q, kp, vp, bias, ko, vo):
+    """One decode token's attention with each prompt's cached keys/values read once for all its rows.
+
+    q [B, H, 1, hd]: the rows in U contiguous blocks of r = B/U, block u continuing prompt u; kp, vp [U, KV, P, hd]:
+    the prompts' keys/values; bias [U, 1, 1, P]: 0, or -inf on a prompt's pads; ko, vo [B, KV, t, hd]: each row's
+    own keys/values (the tokens it decoded). Query head h attends with key/value head h // (H / KV), as SDPA's
+    grouped-query attention. The scores of the shared part and the own part share one softmax, so the result is
+    attention over the concatenated cache, the same maths in another summation order → [B, H, 1, hd].
+
+    Why: a row's cache is its prompt's copy plus its own tokens. Reading the prompt part once per prompt instead of
+    once per row takes ~57 % of the cache reads away at 2 prompts x 4 samples, and the prompt part becomes one
+    matmul of r x (H / KV) query rows per key/value head instead of r matmuls of H / KV rows."""
+    B, H, _, hd = q.shape
+    U, KV, P, _ = kp.shape
+    G, r, t = H // KV, B // U, ko.shape[2]
+    qg = q.reshape(B, KV, G, hd)  # query heads grouped by the key/value head they read
+    shared = torch.matmul(qg.view(U, r, KV, G, hd).transpose(1, 2).reshape(U, KV, r * G, hd), kp.transpose(-1, -2))
+    own = torch.matmul(qg, ko.transpose(-1, -2))  # [B, KV, G, t]
+    own = own.view(U, r, KV, G, t).transpose(1, 2).reshape(U, KV, r * G, t)
+    scale = hd ** -0.5
+    p = torch.cat([shared.mul_(scale).add_(bias), own.mul_(scale)], -1).softmax(-1)  # [U, KV, r*G, P + t]
+    out = torch.matmul(p[..., :P], vp).view(U, KV, r, G, hd).transpose(1, 2).reshape(B, KV, G, hd)
+    p_own = p[..., P:].reshape(U, KV, r, G, t).transpose(1, 2).reshape(B, KV, G, t)
+    return out.add_(torch.matmul(p_own, vo)).view(B, H, 1, hd)
+
+
 def _distinct_rows(input_ids, attention_mask):
     """(one row index per distinct prompt [U], each row's distinct prompt [B]), or (None, None) when all B differ."""
     uniq, inverse = torch.unique(torch.cat([input_ids, attention_mask.to(input_ids.dtype)], 1), dim=0,
@@ -295,7 +335,8 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
            pad_token_id: int | None, on_step: Callable[[int], None] | None = None,
            compute_dtype: torch.dtype | None = None, share_prefill: bool = True,
            step_mode: str = "auto", fused: bool = True, packed: bool | None = None,
-           narrow_cache: bool | None = None, survivors: bool | None = None) -> torch.Tensor:
+           narrow_cache: bool | None = None, survivors: bool | None = None,
+           shared_attention: bool | None = None) -> torch.Tensor:
     """Sampled continuations of left-padded prompts.
 
     input_ids, attention_mask: [B, P]. Returns [B, T] new tokens (T ≤ max_new_tokens), pad after EOS.
@@ -316,6 +357,9 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     `narrow_cache`: the KV cache, queries and attention in `compute_dtype` (half the cache bytes each step reads;
     None = where that is the faster attention, `fast_bf16_attention`).
     `survivors`: each token drawn from its row's top-k survivors only (`_draw`; needs top-k).
+    `shared_attention`: each prompt's cached keys/values read once per step for all its rows
+    (`_shared_prompt_attention`; where the rows come as contiguous equal blocks per prompt, as rollouts ask, and the
+    step is 'dynamic'; None = where the KV cache stays float32 on a CPU, whose attention waits on the cache reads).
     """
     cfg, inner = model.config, model.model
     B, P = input_ids.shape
@@ -405,14 +449,36 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     # --- prefill: causal over each distinct prompt once, pads masked (a fully padded query row attends to itself)
     rep, inverse = _distinct_rows(input_ids, attention_mask) if share_prefill else (None, None)
     U = B if rep is None else len(rep)
-    kc = torch.zeros(len(layers), U, n_kv, L, hd, dtype=kv_dt, device=dev)
+    if shared_attention is None:
+        shared_attention = narrow and kv_dt == wide and dev.type == "cpu"
+    dynamic = step_mode == "dynamic" or (step_mode == "auto" and dev.type != "cuda")
+    blocks = _row_groups(inverse, B) if shared_attention and dynamic else None
+    # (shared attention: the cache holds the prompts only, each row's own tokens go to a cache of their own)
+    kc = torch.zeros(len(layers), U, n_kv, P if blocks is not None else L, hd, dtype=kv_dt, device=dev)
     vc = torch.zeros_like(kc)
     causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
     pmask = causal[None, None] & (key_ok if rep is None else key_ok[rep])[:, None, None, :P]
     pmask |= torch.eye(P, dtype=torch.bool, device=dev)[None, None]
     logits = forward(F.embedding(input_ids if rep is None else input_ids[rep], emb), 0, P, pmask, rep, kc, vc)
-    if rep is not None:  # each row gets its prompt's cache and next-token logits
+    if blocks is not None:  # the prompts' caches in the rows' block order; each row's own tokens cached apart
+        kc, vc, logits = kc[:, blocks], vc[:, blocks], logits[inverse]
+        ko = torch.zeros(len(layers), B, n_kv, T, hd, dtype=kv_dt, device=dev)
+        vo = torch.zeros_like(ko)
+        bias = torch.zeros(U, 1, 1, P, dtype=kv_dt, device=dev).masked_fill(
+            ~attention_mask[rep[blocks]].bool()[:, None, None, :], float("-inf"))
+    elif rep is not None:  # each row gets its prompt's cache and next-token logits
         kc, vc, logits = kc[:, inverse], vc[:, inverse], logits[inverse]
+
+    def shared_step(tok, slot: int):
+        """One decode step with shared attention: token ids tok [B] at cache slot `slot` (own-cache slot slot - P)."""
+        j = slot - P
+
+        def attend(li, q, k, v):
+            ko[li, :, :, j:j + 1] = k
+            vo[li, :, :, j:j + 1] = v
+            return _shared_prompt_attention(q, kc[li], vc[li], bias, ko[li, :, :, :j + 1], vo[li, :, :, :j + 1])
+
+        return layers_forward(F.embedding(tok[:, None], emb), cos[:, slot:slot + 1], sin[:, slot:slot + 1], attend)
 
     # --- decode (the matmul weights reordered for decode-size inputs first, where that is on)
     if pack:
@@ -420,7 +486,7 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
             proj.pack()
     out = torch.full((B, T), pad_token_id if pad_token_id is not None else 0, dtype=torch.long, device=dev)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
-    step = _stepper(step_mode, dev, dynamic_step, static_step, B, P)
+    step = shared_step if blocks is not None else _stepper(step_mode, dev, dynamic_step, static_step, B, P)
     t = 0
     while True:
         nxt = _draw(logits, temperature, top_k, top_p, fused, draw_survivors)
