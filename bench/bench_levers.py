@@ -33,17 +33,22 @@ so machine drift cancels; the printed ratio is baseline / lever (> 1: the lever 
 - decode_prefix_attention: one layer's decode attention (random bf16 data of the model's shapes) as SDPA over each
   row's whole cache vs shared-prefix attention (each prompt's keys read once for its K samples, merged with the
   rows' own keys by log-sum-exp); seconds per 1000 calls, error against float32.
+- decode_shared_attention: the decode loop (bf16 matmuls, runs' sampling) with each prompt's cached keys/values read
+  once per step for its samples (`sample(shared_attention=True)`, the default where the KV cache stays float32 on
+  a CPU) vs SDPA over every row's copy; 2 prompts x rows/2 samples (the runs' shape); tokens compared.
 - loss_chunked_lse: the shared-prompt loss forward + backward (bf16 autocast) with the sampled tokens' log-probs
   taken block by block in float32 (`token_logprobs(chunk=64)`, coopflow's default) vs the float32 copy of every
   position's logits and autograd's logsumexp; loss and gradients compared.
 - loss_wide_attention: the shared-prompt loss forward + backward (bf16 autocast) with SDPA on float32 queries, keys
   and values (coopflow's choice where bf16 attention is not the fast kernel: CPUs without AMX) vs on bf16 ones;
   loss and the gradients' relative difference.
-- decode_floor: a decode step against the weight-read floor, at --rows and 2x --rows: step ms with every bf16
-  lever on (lever) and off (base), the matmuls alone, weight bytes / step time as GB/s, and this core's read
-  bandwidth measured in the same run (the best of a float32 dot and sum over weight-sized buffers), so the
-  floor = weight bytes / read bandwidth and the step's multiple of it; also the float32 step (float32 matmuls, the
-  weights' own dtype) against its floor (twice the bytes).
+- decode_floor: a decode step against its physical floor, at --rows and 2x --rows: step ms with every bf16
+  lever on (lever) and off (base), the matmuls alone, weight bytes / step time as GB/s, this core's read
+  bandwidth and one thread's dense matmul peak, both measured in the same run. The floor is the larger of the
+  time to read the step's weights once (weight bytes / read bandwidth; the best of a float32 dot and sum over
+  weight-sized buffers) and the time its matmul FLOPs take at the peak (2 x rows x weights / peak): on a CPU with
+  AMX the read binds, on one with AVX512-BF16 only the arithmetic does from ~8 rows. Also the float32 step
+  (float32 matmuls, the weights' own dtype) against its floor (twice the bytes, the float32 peak).
 
 The model defaults to the catalog's SmolLM2-135M-Instruct (`coopflow models install smollm2-135m-instruct`),
 whose time is matmuls over 30 layers, not per-call overhead. Wait for a quiet machine before trusting numbers.
@@ -107,12 +112,13 @@ def lever_decode_bf16(model, tok, a) -> dict:
             "tokens_per_s_base": a.rows * a.tokens / tb, "tokens_per_s_lever": a.rows * a.tokens / tl}
 
 
-def _decode_ab(model, tok, a, flag: str, sampling=(1.0, 50, 1.0)) -> dict:
-    """The decode loop on HumanEval-length prompts with bf16 matmuls, `flag` off (baseline) and on (lever), timed
-    interleaved; both arms' tokens compared. `sampling` = (temperature, top-k, top-p)."""
+def _decode_ab(model, tok, a, flag: str, sampling=(1.0, 50, 1.0), prompts: int = 4) -> dict:
+    """The decode loop on HumanEval-length prompts (`prompts` x rows/prompts samples) with bf16 matmuls, `flag` off
+    (baseline) and on (lever), timed interleaved; both arms' tokens compared. `sampling` = (temperature, top-k,
+    top-p)."""
     from coopflow.stages.agents.decode import sample
 
-    enc = tok(_humaneval_like(tok, a.rows), return_tensors="pt", padding=True)
+    enc = tok(_humaneval_like(tok, a.rows, prompts), return_tensors="pt", padding=True)
 
     def run(on):
         torch.manual_seed(0)
@@ -176,13 +182,13 @@ def lever_decode_compile(model, tok, a) -> dict:
     return _step_mode(model, tok, a, "compile")
 
 
-def _humaneval_like(tok, rows: int):
+def _humaneval_like(tok, rows: int, prompts: int = 4):
     body = ("def has_close_elements(numbers, threshold):\n    \"\"\" Check if in given list of numbers, are any two "
             "numbers closer to each other than given threshold.\n    >>> has_close_elements([1.0, 2.0], 0.5)\n"
             "    False\n    \"\"\"\n") * 3
-    k = max(1, rows // 4)
+    k = max(1, rows // prompts)
     return [tok.apply_chat_template([{"role": "user", "content": f"Task {i}. Complete this function:\n{body}"}],
-                                    tokenize=False, add_generation_prompt=True) for i in range(4) for _ in range(k)]
+                                    tokenize=False, add_generation_prompt=True) for i in range(prompts) for _ in range(k)]
 
 
 def _sampled_batch(model, tok, a) -> tuple[list[list[int]], list[list[int]]]:
@@ -505,9 +511,10 @@ def lever_decode_survivors(model, tok, a) -> dict:
 
 
 def lever_decode_shared_attention(model, tok, a) -> dict:
-    """sample(shared_attention=True): each prompt's cached keys/values read once per step for its rows/4 samples
-    (the prompt part and each row's own part under one softmax) vs SDPA over every row's copy."""
-    return _decode_ab(model, tok, a, "shared_attention", (0.8, 50, 0.95))
+    """sample(shared_attention=True): each prompt's cached keys/values read once per step for its samples (the
+    prompt part and each row's own part under one softmax) vs SDPA over every row's copy; 2 prompts x rows/2
+    samples, the runs' shape (rollout_buffer_size 2)."""
+    return _decode_ab(model, tok, a, "shared_attention", (0.8, 50, 0.95), prompts=2)
 
 
 def lever_loss_chunked_lse(model, tok, a) -> dict:
@@ -573,14 +580,21 @@ def lever_decode_floor(model, tok, a) -> dict:
     weights = [lin.weight for layer in inner.layers for lin in (
         layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
         layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)] + [model.lm_head.weight]
+    import flops
+
     wbytes = sum(w.numel() for w in weights) * 2  # bf16
     bw = read_bandwidth(wbytes)
-    floor_ms = wbytes / (bw["read"] * 1e9) * 1e3
+    read_ms = wbytes / (bw["read"] * 1e9) * 1e3
+    peak = {dt: flops.matmul_peak(dt, threads=1) for dt in ("bfloat16", "float32")}  # GFLOP/s, one thread
     out = {"weight_MB": round(wbytes / 1e6, 1), "read_GBps": round(bw["read"], 1), "copy_GBps": round(bw["copy"], 1),
-           "floor_ms": round(floor_ms, 1)}
+           "read_floor_ms": round(read_ms, 1), "peak_bf16_GFLOPs": round(peak["bfloat16"]),
+           "peak_fp32_GFLOPs": round(peak["float32"])}
     T = a.tokens
     for rows in (a.rows, 2 * a.rows):
         enc = tok(_humaneval_like(tok, rows), return_tensors="pt", padding=True)
+        gflop = 2 * rows * wbytes / 2 / 1e9  # the step's matmul FLOPs: a multiply-add per weight per row
+        floor_ms = max(read_ms, gflop / peak["bfloat16"] * 1e3)
+        floor32_ms = max(2 * read_ms, gflop / peak["float32"] * 1e3)
 
         def per_step(compute_dtype=torch.bfloat16, **levers):
             def call(n):
@@ -612,13 +626,15 @@ def lever_decode_floor(model, tok, a) -> dict:
             head(xh[:, 0])
         matmuls()
         mm = min(_timed(matmuls) for _ in range(a.repeats + 2))
-        out[f"rows{rows}"] = {"step_ms_levers_off": round(t_off * 1e3, 1), "step_ms": round(t_on * 1e3, 1),
+        out[f"rows{rows}"] = {"compute_floor_ms": round(gflop / peak["bfloat16"] * 1e3, 1),
+                              "floor_ms": round(floor_ms, 1), "float32_floor_ms": round(floor32_ms, 1),
+                              "step_ms_levers_off": round(t_off * 1e3, 1), "step_ms": round(t_on * 1e3, 1),
                               "matmuls_ms": round(mm * 1e3, 1), "weights_GBps": round(wbytes / t_on / 1e9, 1),
                               "matmul_GBps": round(wbytes / mm / 1e9, 1),
                               "step_x_floor": round(t_on * 1e3 / floor_ms, 2),
                               "matmuls_x_floor": round(mm * 1e3 / floor_ms, 2),
                               "float32_step_ms": round(t_wide * 1e3, 1),
-                              "float32_step_x_floor": round(t_wide * 1e3 / (2 * floor_ms), 2)}
+                              "float32_step_x_floor": round(t_wide * 1e3 / floor32_ms, 2)}
         out.setdefault("base_s", t_off)
         out.setdefault("lever_s", t_on)
     return out
@@ -632,13 +648,14 @@ def load_agent_with(model_dir: str, attention: str):
 
 LEVERS = {"decode_bf16": lever_decode_bf16, "decode_fused": lever_decode_fused, "prefill_shared": lever_prefill_shared,
           "loss_shared_prompts": lever_loss_shared_prompts, "decode_static": lever_decode_static,
-          "decode_compile": lever_decode_compile, "decode_shared_attention": lever_decode_shared_attention, "loss_bf16": lever_loss_bf16, "adamw_fused": lever_adamw_fused,
+          "decode_compile": lever_decode_compile, "loss_bf16": lever_loss_bf16, "adamw_fused": lever_adamw_fused,
           "decode_rows": lever_decode_rows, "loss_eager_attention": lever_loss_eager_attention,
           "decode_packed": lever_decode_packed, "decode_narrow_cache": lever_decode_narrow_cache,
           "decode_survivors": lever_decode_survivors, "decode_floor": lever_decode_floor,
           "decode_pack_hint": lever_decode_pack_hint, "decode_frozen": lever_decode_frozen,
           "decode_prefix_attention": lever_decode_prefix_attention,
-          "loss_chunked_lse": lever_loss_chunked_lse, "loss_wide_attention": lever_loss_wide_attention}
+          "loss_chunked_lse": lever_loss_chunked_lse, "loss_wide_attention": lever_loss_wide_attention,
+          "decode_shared_attention": lever_decode_shared_attention}
 
 
 def main() -> int:
