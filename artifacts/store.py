@@ -2,8 +2,10 @@
 
 Layout: `<root>/<kind>/<key>/` holding either `data.parquet` (table kinds) or a directory tree
 (checkpoints, models), plus `ref.json` (the `ArtifactRef`) and, for directories, `manifest.json`
-(sha256 of every file). The key is computed from the *inputs* (`key_for`), so a flow knows whether
-a stage is cached before running it; the sha256 of the *output* is verified on every read.
+(a content digest of every file, `file_digest`). The key is computed from the *inputs* (`key_for`), so a
+flow knows whether a stage is cached before running it; the digest of the *output* is verified on every
+read: a table's data file and a directory's manifest by sha256 (the ref's `sha256`), a directory's files
+by the digest its manifest records.
 
 Writes are atomic: everything goes to a hidden temp dir beside the target and is renamed into
 place in one step, so a killed process never leaves a half-written artifact that looks complete.
@@ -28,6 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import xxhash
 from pydantic import BaseModel, ConfigDict
 
 from coopflow.artifacts.faults import hit as fault_point
@@ -92,9 +95,9 @@ def key_for(kind: str, inputs: dict[str, Any]) -> str:
 
 
 def _digests(root: Path, known: dict[str, str] | None = None) -> dict[str, str]:
-    """sha256 of every file under `root` by relative path, hashed side by side (hashlib releases the GIL: a
-    checkpoint's few large files hash ~2x faster on two cores); `known` digests (hashed by whoever wrote those
-    files) are taken as given, their files only checked to be there."""
+    """`file_digest` of every file under `root` by relative path, hashed side by side (the hashers release the
+    GIL: a checkpoint's few large files hash ~2x faster on two cores); `known` digests (hashed by whoever wrote
+    those files) are taken as given, their files only checked to be there."""
     known = dict(known or {})
     files = sorted(p for p in root.rglob("*") if p.is_file())
     rels = {str(p.relative_to(root)) for p in files}
@@ -103,17 +106,40 @@ def _digests(root: Path, known: dict[str, str] | None = None) -> dict[str, str]:
         raise ArtifactError(f"files {missing} were hashed by their writer but are not under {root}")
     todo = [p for p in files if str(p.relative_to(root)) not in known]
     with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1, len(todo) or 1))) as pool:
-        known.update({str(p.relative_to(root)): d for p, d in zip(todo, pool.map(sha256_file, todo))})
+        known.update({str(p.relative_to(root)): d for p, d in zip(todo, pool.map(file_digest, todo))})
     return dict(sorted(known.items()))
+
+
+def _hash_file(h, path: Path, chunk: int = 1 << 20):
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     """sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+    return _hash_file(hashlib.sha256(), path, chunk).hexdigest()
+
+
+XXH3 = "xxh3-128:"  # the prefix of a file digest by xxHash's XXH3, 128 bits
+
+
+def file_digest(path: Path) -> str:
+    """The content digest a directory artifact's manifest records per file: 'xxh3-128:<32 hex>' (xxHash's XXH3,
+    128 bits). It catches what a manifest is for — a flipped bit, a truncated, missing or swapped file — at
+    ~10 GB/s on one core, where sha256 runs at ~1.7: a checkpoint's 1.6 GB per agent hashes in ~0.15 s instead
+    of ~1 s, when written and on every verified read. (Not a defence against tampering, which sha256 would not
+    be either: whoever can rewrite a file can rewrite the manifest beside it.)"""
+    return XXH3 + _hash_file(xxhash.xxh3_128(), path).hexdigest()
+
+
+def digest_matches(path: Path, recorded: str) -> tuple[bool, str]:
+    """(whether `path` has the recorded digest, its digest in the recorded one's form): 'xxh3-128:…' as
+    `file_digest` writes, or a bare hex sha256 (manifests written before, and writers that hash their own files
+    with sha256)."""
+    got = file_digest(path) if recorded.startswith(XXH3) else sha256_file(path)
+    return got == recorded, got
 
 
 PUBLISHED = ".published"  # in a local artifact dir: its remote copy is committed (not part of the artifact)
@@ -242,7 +268,7 @@ class ArtifactStore:
 
     def put_dir(self, kind: str, key: str, writer: Callable[[Path], dict[str, str] | None]) -> ArtifactRef:
         """Let `writer` fill a temp dir, then record a manifest of file digests and commit atomically (`writer` may
-        return the sha256 of files it wrote, by relative path: those are not read again)."""
+        return the digests of files it wrote, by relative path (`file_digest`, or sha256): those are not read again)."""
         existing = self.find(kind, key)
         if existing is not None:
             return existing
@@ -252,7 +278,7 @@ class ArtifactStore:
                        start: Callable[[Path], Callable[[], dict[str, str]]]) -> "ArtifactRef | PendingDir":
         """`put_dir` whose files are still being written when it returns (a checkpoint written while the next phase
         runs). `start(tmp)` begins filling the temp dir and returns `finish()`, which waits for the writes and
-        returns the sha256 of the files it wrote (by relative path; any other file is hashed at commit); an `ended`
+        returns the digests of the files it wrote (by relative path; any other file is hashed at commit); an `ended`
         attribute of `finish` (time.time()) says when those writes ended, else the commit time counts.
 
         Returns a `PendingDir`: `result()` (or any `find` of this kind and key here) waits for `finish`, then
@@ -313,10 +339,10 @@ class ArtifactStore:
             f = root / rel
             if not f.is_file():
                 raise ArtifactError(f"artifact file {f} is missing (listed in {manifest_path})")
-            got = sha256_file(f)
-            if got != digest:
-                raise ArtifactError(f"artifact file {f} is corrupted: sha256 {got[:16]}… does not match the "
-                                    f"manifest's {digest[:16]}…; delete {root} to recompute it")
+            ok, got = digest_matches(f, digest)
+            if not ok:
+                raise ArtifactError(f"artifact file {f} is corrupted: digest {got[:25]}… does not match the "
+                                    f"manifest's {digest[:25]}…; delete {root} to recompute it")
 
     def put_json(self, kind: str, key: str, obj: Any) -> ArtifactRef:
         """A small JSON document as a dir artifact (`data.json`)."""
@@ -339,7 +365,7 @@ class ArtifactStore:
     def _commit(self, kind: str, key: str, writer: Callable[[Path], None], rows: int | None,
                 table: bool, digests: dict[str, str] | None = None, tmp: Path | None = None) -> ArtifactRef:
         """Fill a temp dir with `writer` (or take `tmp`, already filled), record its digests and rename it into place;
-        `digests`: every file's sha256 (a directory), or some of them (`tmp`: the rest are hashed here)."""
+        `digests`: every file's digest (a directory), or some of them (`tmp`: the rest are hashed here)."""
         final = self.path(kind, key)
         tmp = tmp if tmp is not None else self._temp_dir(kind, key)
         try:
@@ -538,7 +564,7 @@ class ArtifactStore:
         return out
 
     def verify_all(self) -> tuple[int, list[tuple[str, str, str]]]:
-        """Check every stored artifact (its record, data file or manifest and every file's sha256): returns
+        """Check every stored artifact (its record, data file or manifest and every file's digest): returns
         (how many were checked, [(kind, key, problem)] for the bad ones)."""
         found, bad = self.artifacts(), []
         for kind, key in found:

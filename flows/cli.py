@@ -97,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     mi.add_argument("--dir", help="write the HF directory here instead of the data dir's artifact store")
     for x in (ml, mi):
         x.add_argument("--data-dir", help="data dir (default: $COOPFLOW_HOME or ./.coopflow)")
-    vf = sub.add_parser("verify", help="check every artifact of a data dir (records, manifests, sha256 of every file)")
+    vf = sub.add_parser("verify", help="check every artifact of a data dir (records, manifests, the digest of every file)")
     vf.add_argument("--data-dir", help="the data dir (default: $COOPFLOW_HOME or ./.coopflow)")
     vf.add_argument("--quarantine", action="store_true",
                     help="move bad artifacts to <data_dir>/artifacts/.quarantine so the next run recomputes them")

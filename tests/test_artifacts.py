@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+import xxhash
 
 from coopflow.artifacts.store import (ArtifactError, ArtifactRef, ArtifactStore, StoreFullError, canonical_json, key_for,
                              sha256_file)
@@ -172,9 +173,27 @@ def test_put_open_dir_with_manifest(store):
     assert (root / "config.json").read_text() == '{"a": 1}'
     manifest = json.loads((root / "manifest.json").read_text())
     assert manifest["kind"] == "checkpoint" and manifest["key"] == "c1"
-    assert manifest["files"] == {"config.json": sha256_file(root / "config.json"),
-                                 "sub/weights.bin": sha256_file(root / "sub" / "weights.bin")}
-    assert ref.sha256 == sha256_file(root / "manifest.json")
+    xxh3 = {rel: "xxh3-128:" + xxhash.xxh3_128((root / rel).read_bytes()).hexdigest()
+            for rel in ("config.json", "sub/weights.bin")}
+    assert manifest["files"] == xxh3
+    assert ref.sha256 == hashlib.sha256((root / "manifest.json").read_bytes()).hexdigest()
+
+
+def test_a_manifest_of_sha256_digests_still_verifies_and_catches_corruption(store):
+    """Manifests written before the XXH3 digests (and writers that hash their own files with sha256) record bare
+    sha256 hex: such a directory still opens, and a flipped byte in it is still caught, naming the file."""
+    def writer(d: Path) -> dict[str, str]:
+        _writer(d)
+        return {rel: sha256_file(d / rel) for rel in ("config.json", "sub/weights.bin")}
+
+    ref = store.put_dir("checkpoint", "old", writer)
+    root = store.open_dir(ref)
+    files = json.loads((root / "manifest.json").read_text())["files"]
+    assert files["sub/weights.bin"] == hashlib.sha256((root / "sub" / "weights.bin").read_bytes()).hexdigest()
+    _flip_byte(root / "sub" / "weights.bin", 3)
+    with pytest.raises(ArtifactError, match="corrupted") as err:
+        store.open_dir(ref)
+    assert str(root / "sub" / "weights.bin") in str(err.value)
 
 
 def test_corrupted_dir_file_raises_naming_it(store):

@@ -18,7 +18,7 @@ from tests.conftest import small_config
 
 def _slow_writer(text: str, delay: float, log: list):
     """A `start` for put_dir_behind: a thread writes `a.txt` after `delay`; finish() joins it, returns a digest."""
-    from coopflow.artifacts.store import sha256_file
+    from coopflow.artifacts.store import file_digest
 
     def start(tmp: Path):
         def write():
@@ -33,7 +33,7 @@ def _slow_writer(text: str, delay: float, log: list):
         def finish():
             t.join()
             log.append(("finished", text))
-            return {"a.txt": sha256_file(tmp / "a.txt")}
+            return {"a.txt": file_digest(tmp / "a.txt")}
 
         return finish
 

@@ -110,7 +110,7 @@ def test_corrupted_or_missing_remote_objects_are_refused_and_nothing_lands(tmp_p
     [obj] = fs.glob(f"{root}/checkpoint/c1/*/agent_0/w.bin")
     fs.pipe_file(obj, b"\x00\x02" * 1000)  # a flipped byte on the object store
     b = ArtifactStore(tmp_path / "b", remote)
-    with pytest.raises(ArtifactError, match="downloaded copy does not verify .*agent_0/w.bin is corrupted: sha256"):
+    with pytest.raises(ArtifactError, match="downloaded copy does not verify .*agent_0/w.bin is corrupted: digest"):
         b.find("checkpoint", "c1")
     assert not b.path("checkpoint", "c1").exists() and not list((tmp_path / "b" / "checkpoint").glob(".tmp-*"))
     [data] = fs.glob(f"{root}/metrics/k1/*/data.parquet")

@@ -12,7 +12,7 @@ rebuilt from its config without the quantization settings, the dequantized state
 it, and that copy is saved. The weights carry the 4-bit quantization error of the GGUF. The package
 itself is never imported (its own dependencies need not be installed): it is only located on the path.
 
-Checksums: the artifact's manifest records the sha256 of every written file, verified on read, and
+Checksums: the artifact's manifest records a digest of every written file, verified on read, and
 `coopflow_model.json` records the entry and the sha256 of the GGUF it was converted from.
 """
 

@@ -23,7 +23,7 @@ import torch
 
 from coopflow.artifacts import faults
 from coopflow.stages.agents.checkpoint import CheckpointLayout
-from coopflow.artifacts.store import sha256_file
+from coopflow.artifacts.store import file_digest
 from coopflow.stages.agents.state import AgentState, CriticState, Policies, write_beside
 from coopflow.stages.agents.spec import AgentSpec
 
@@ -205,9 +205,9 @@ def load_critic(source: str | Path, lr: float, head_dim: int | None, dtype: str 
 
 def save_optimizer(optimizer, path: Path) -> None:
     """An optimizer's state dict as a torch file at `path`, without torch.save's per-record CRC32 (set in this
-    thread only: torch keeps the option per thread): the store's sha256 manifest already checks every byte of a
-    checkpoint on read, and the CRC was most of the write (1.1 GB of AdamW state: 1.0-2.3 s with it, 0.3 s
-    without). torch.load reads such files as usual."""
+    thread only: torch keeps the option per thread): the store's manifest of file digests already checks every
+    byte of a checkpoint on read, and the CRC was most of the write (1.1 GB of AdamW state: 1.0-2.3 s with it,
+    0.3 s without). torch.load reads such files as usual."""
     before = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(False)
     try:
@@ -323,7 +323,7 @@ def _save_and_hash(agent: AgentState, out: Path, index: int) -> tuple[dict[str, 
     save_agent(agent, out, index)
     faults.hit(f"checkpoint-write/agent{index}")  # (tests: killed while a checkpoint is written beside the next phase)
     lay = CheckpointLayout(Path(out))
-    return {str(f.relative_to(out)): sha256_file(f) for f in lay.agent_files(index)}, time.time()
+    return {str(f.relative_to(out)): file_digest(f) for f in lay.agent_files(index)}, time.time()
 
 
 def wait_save(agent: AgentState) -> None:
@@ -333,7 +333,7 @@ def wait_save(agent: AgentState) -> None:
 
 
 def finish_save(agent: AgentState) -> tuple[dict[str, str], float]:
-    """Per-agent op: the sha256 of every file `begin_save` wrote (relative to the checkpoint) and when the write
+    """Per-agent op: the digest of every file `begin_save` wrote (relative to the checkpoint) and when the write
     ended (time.time()), once written; raises the write's error."""
     future, agent.writing = agent.writing, None
     return future.result() if future is not None else ({}, time.time())
