@@ -199,6 +199,25 @@ def test_mp_worker_errors_surface_with_agent_index(tmp_path):
         WorkerPolicies(specs_for([str(tmp_path / "missing-model")], 1e-3))
 
 
+def test_mp_tokenizers_load_while_the_workers_start(tiny_model_dir, monkeypatch):
+    """The main process needs the agents' tokenizers (chat-template formatters): it loads them while the workers
+    load their models, during start-up, not later inside the training clock (a first tokenizer load imports
+    transformers' tokenizer stack: seconds)."""
+    from coopflow.stages.agents import workers
+    from coopflow.stages.agents.spec import AgentSpec
+
+    calls = []
+    real = workers.source_tokenizers
+    monkeypatch.setattr(workers, "source_tokenizers", lambda sources: calls.append(list(sources)) or real(sources))
+    pol = workers.WorkerPolicies([AgentSpec(str(tiny_model_dir), 1e-3, device="cpu")])
+    try:
+        assert calls == [[str(tiny_model_dir)]]
+        toks = pol.tokenizers
+        assert len(calls) == 1 and toks[0]("hello").input_ids
+    finally:
+        pol.close()
+
+
 def test_thread_count_changes_no_key_and_no_weight_beyond_float_noise(tmp_path):
     """The same seed with 1 and 2 torch threads: the same run_key (keys are input-addressed) and the same weights
     up to float-reduction noise (on the tiny model they are byte-identical here; larger matmuls split across

@@ -168,9 +168,14 @@ class WorkerPolicies:
             child.close()  # only the worker holds its end: a dead worker then reads as EOF, not a hang
             self._conns.append(parent)
             self._procs.append(p)
-        # Tokenizers are also needed here (formatters with chat templates); they are cheap to load.
-        self._tokenizers = None
+        # The tokenizers are needed here too (formatters with chat templates): loaded while the workers load their
+        # models (in a fresh process the first load imports transformers' tokenizer stack, ~3 s). A source whose
+        # tokenizer fails to load here is left to the workers, whose start-up error names what is wrong.
         self._sources = [s.source for s in specs]
+        try:
+            self._tokenizers = source_tokenizers(self._sources)
+        except Exception:
+            self._tokenizers = None
         try:
             for i, c in enumerate(self._conns):
                 try:

@@ -319,8 +319,8 @@ def train_segment(ctx: RunContext, seg_index: int, start: ArtifactRef | None, st
             raise ArtifactError(f"segment {seg_index + 1} starts from checkpoint {start_key}, which is not stored "
                                 "(its write failed: see the error before this one); rerun to continue")
     pol = acquire_policies(ctx, start, start_key)
+    fmts = formatters_for(ctx, pol)  # (with worker processes: the tokenizers loaded here, part of loading)
     t_train = time.perf_counter()
-    fmts = formatters_for(ctx, pol)
     state = dict(pol.state)
     if "last_logged" not in state:  # started from a stored checkpoint: this run's logging so far, from its steps
         state["last_logged"] = last_logged_step(ctx, seg_index)
