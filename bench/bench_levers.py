@@ -188,7 +188,8 @@ def _humaneval_like(tok, rows: int, prompts: int = 4):
             "    False\n    \"\"\"\n") * 3
     k = max(1, rows // prompts)
     return [tok.apply_chat_template([{"role": "user", "content": f"Task {i}. Complete this function:\n{body}"}],
-                                    tokenize=False, add_generation_prompt=True) for i in range(prompts) for _ in range(k)]
+                                    tokenize=False, add_generation_prompt=True)
+            for i in range(prompts) for _ in range(k)]
 
 
 def _sampled_batch(model, tok, a) -> tuple[list[list[int]], list[list[int]]]:

@@ -274,13 +274,19 @@ STEP_MODES = {
 }
 
 
-def _stepper(mode: str, dev: torch.device, dynamic_step, static_step, B: int, P: int):
-    """The decode step `step(tokens [B], slot: int) -> logits [B, V]` of `mode`: `dynamic_step` itself, or the
-    `static_step(tokens, slot tensor)` fed through a slot buffer (plain, compiled or replayed as a CUDA graph)."""
+def _step_mode(mode: str, dev: torch.device) -> str:
+    """`step_mode` with 'auto' resolved for `dev`: 'cuda_graph' on a CUDA device, else 'dynamic'."""
     if mode == "auto":
         mode = "cuda_graph" if dev.type == "cuda" else "dynamic"
     if mode not in STEP_MODES:
         raise ValueError(f"step_mode {mode!r}: expected auto or one of {sorted(STEP_MODES)}")
+    return mode
+
+
+def _stepper(mode: str, dev: torch.device, dynamic_step, static_step, B: int, P: int):
+    """The decode step `step(tokens [B], slot: int) -> logits [B, V]` of `mode` (resolved, `_step_mode`):
+    `dynamic_step` itself, or the `static_step(tokens, slot tensor)` fed through a slot buffer (plain, compiled or
+    replayed as a CUDA graph)."""
     if mode == "dynamic":
         return dynamic_step
     if mode == "cuda_graph" and dev.type != "cuda":
@@ -451,8 +457,8 @@ def sample(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new
     U = B if rep is None else len(rep)
     if shared_attention is None:
         shared_attention = narrow and kv_dt == wide and dev.type == "cpu"
-    dynamic = step_mode == "dynamic" or (step_mode == "auto" and dev.type != "cuda")
-    blocks = _row_groups(inverse, B) if shared_attention and dynamic else None
+    step_mode = _step_mode(step_mode, dev)
+    blocks = _row_groups(inverse, B) if shared_attention and step_mode == "dynamic" else None
     # (shared attention: the cache holds the prompts only, each row's own tokens go to a cache of their own)
     kc = torch.zeros(len(layers), U, n_kv, P if blocks is not None else L, hd, dtype=kv_dt, device=dev)
     vc = torch.zeros_like(kc)
