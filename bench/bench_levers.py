@@ -571,18 +571,19 @@ def _timed(fn) -> float:
 
 
 def lever_decode_floor(model, tok, a) -> dict:
-    """A decode step (bf16 matmuls, HumanEval-length prompts, runs' sampling) against the time to read its matmul
-    weights once: per rows in (--rows, 2x --rows), the step with every bf16 lever on and off, the matmuls alone
-    (the same packed weights, one step's inputs) and the floor from the read bandwidth measured here; and the
-    float32 step (the weights' own dtype) against its floor, twice the bf16 one (twice the bytes)."""
+    """A decode step (bf16 matmuls, HumanEval-length prompts, runs' sampling) against its floor: the larger of the
+    time to read its matmul weights once (the read bandwidth measured here) and the time its matmul FLOPs take at
+    one thread's dense matmul peak (measured here). Per rows in (--rows, 2x --rows): the step with every bf16 lever
+    on and off, the matmuls alone (the same packed weights, one step's inputs), and the float32 step (the weights'
+    own dtype) against its floor (twice the bytes, the float32 peak)."""
+    import flops
+
     from coopflow.stages.agents import decode as FD
 
     inner = model.model
     weights = [lin.weight for layer in inner.layers for lin in (
         layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
         layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)] + [model.lm_head.weight]
-    import flops
-
     wbytes = sum(w.numel() for w in weights) * 2  # bf16
     bw = read_bandwidth(wbytes)
     read_ms = wbytes / (bw["read"] * 1e9) * 1e3
