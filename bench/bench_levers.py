@@ -547,23 +547,6 @@ def lever_loss_chunked_lse(model, tok, a) -> dict:
     return {"base_s": tb, "lever_s": tl, "same_loss": l0 == l1, "same_last_grad": bool(torch.equal(g0, g1))}
 
 
-def read_bandwidth(nbytes: int, repeats: int = 5) -> dict:
-    """This core's memory bandwidth in GB/s over `nbytes`-sized buffers (larger than any cache level that matters):
-    'read' = the best of a float32 dot (two streams) and sum (one stream), the fastest pure read a thread reaches;
-    'copy' = bytes read by a copy (as many written besides)."""
-    n = nbytes // 4
-    x, y = torch.randn(n), torch.randn(n)
-
-    def best(fn):
-        fn()
-        return min(_timed(fn) for _ in range(repeats))
-
-    dot = 2 * nbytes / best(lambda: torch.dot(x, y))
-    total = nbytes / best(lambda: x.sum())
-    copy = nbytes / best(lambda: y.copy_(x))
-    return {"read": max(dot, total) / 1e9, "copy": copy / 1e9}
-
-
 def _timed(fn) -> float:
     t = time.perf_counter()
     fn()
@@ -585,7 +568,7 @@ def lever_decode_floor(model, tok, a) -> dict:
         layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
         layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)] + [model.lm_head.weight]
     wbytes = sum(w.numel() for w in weights) * 2  # bf16
-    bw = read_bandwidth(wbytes)
+    bw = flops.read_bandwidth(wbytes)
     read_ms = wbytes / (bw["read"] * 1e9) * 1e3
     peak = {dt: flops.matmul_peak(dt, threads=1) for dt in ("bfloat16", "float32")}  # GFLOP/s, one thread
     out = {"weight_MB": round(wbytes / 1e6, 1), "read_GBps": round(bw["read"], 1), "copy_GBps": round(bw["copy"], 1),

@@ -20,6 +20,10 @@ each shared page once, split among its sharers), and where the
 time went — the peer and coopflow's in-process modes by the same exclusive timers (generate, loss forward,
 backward, optimizer, reward), coopflow's mp modes by stage (their ops run in the workers). coopflow's
 train seconds include its checkpoint write (the peer writes none): shown apart as `checkpoint`.
+Each coopflow run is also set against its floor (bench/flops.py, `phase_floors`): the least time its generate,
+update and checkpoint phases could take on this machine, from limits measured at the start of the bench — a core's
+matmul peak and memory read bandwidth with as many cores busy as the mode keeps busy, and the disk's durable write
+bandwidth in the bench's directory — printed as seconds and as how many times the floor each phase took.
 Modes: seq (agents in one process), mp (a worker process per agent), *-bf16 (agents.compute_dtype: auto,
 i.e. bf16 matmuls where the CPU has AVX512-BF16/AMX), *-chunk (trainer.loss_chunk_tokens: --chunk-tokens),
 *-eager (agents.attn_implementation: eager), *-inline / *-behind (checkpoint_write: inline, each checkpoint written
@@ -76,6 +80,37 @@ def mode_agents(mode: str) -> dict:
 
 
 # --- the shared model and items ----------------------------------------------------------------------------------
+
+
+def machine_limits(directory: Path, peaks: dict) -> dict:
+    """This machine's limits for the floors, measured now: per busy-core count n (1, and every core), a core's
+    matmul peak {'fp32', 'bf16'} (GFLOP/s) and read bandwidth 'read' (GB/s) while n cores work; 'disk_GBps': durable
+    writes in `directory`. `peaks`: the every-core matmul peaks already measured."""
+    import os
+
+    cores = os.cpu_count() or 1
+    out: dict = {"disk_GBps": round(flops.disk_write_bandwidth(directory), 3)}
+    for n in sorted({1, cores}):
+        pk = peaks if n == cores else flops.peaks(n)
+        read = flops.read_bandwidth(threads=n)["read"]
+        out[n] = {"fp32": round(pk["fp32"] / n, 1), "bf16": round(pk["bf16"] / n, 1), "read": round(read / n, 2)}
+    return out
+
+
+def run_floors(mode: str, data_dir: Path, limits: dict, threads: int, shape) -> dict:
+    """The floor seconds of a finished coopflow run's phases (`flops.phase_floors`), from its artifact store: its
+    generate calls, and the bytes of its checkpoints."""
+    from coopflow.stages.agents.hardware import native_bf16
+
+    side_by_side = mode.split("-")[0] == "mp"
+    busy = max(k for k in limits if isinstance(k, int)) if side_by_side else threads
+    per_core = limits.get(busy) or limits[1]
+    bf16 = mode_settings(mode)[1] == "auto" and native_bf16("cpu")
+    lim = flops.Limits(peak=per_core["bf16" if bf16 else "fp32"],
+                       read=per_core["read"], weight_bytes=2 if bf16 else 4, disk=limits["disk_GBps"])
+    ck = sum(f.stat().st_size for f in (data_dir / "artifacts" / "checkpoint").rglob("*") if f.is_file())
+    return flops.phase_floors(shape, flops.coopflow_calls(data_dir), lim, side_by_side, cores=threads,
+                              checkpoint_bytes=ck)
 
 
 def ensure_model() -> Path:
@@ -256,6 +291,8 @@ def main() -> int:
     B.wait_quiet(a.quiet_wait)
     peaks = flops.peaks(2)
     B.log(f"dense matmul peak (2 threads): {peaks} GFLOP/s")
+    limits = machine_limits(tmp, peaks)
+    B.log(f"limits for the floors (per core, by cores busy; disk: durable writes): {limits}")
     for task in a.tasks:
         items_file = tmp / f"{task}.json"
         items = task_items(task, a.items)
@@ -290,11 +327,14 @@ def main() -> int:
                 r = run_child([sys.executable, "-c", COOPFLOW_CHILD, str(cfg_file), str(REPO / "bench")], env, 7200)
                 if r.get("env_steps"):  # bench_magrpo's stage timing and work figures, from the run's data dir
                     B._add_work(B._add_loop_rate(r, data_dir), data_dir, MODEL)
+                    r["floors"] = run_floors(mode, data_dir, limits, a.threads, shape)
                 results.setdefault(task, {}).setdefault(mode, []).append(r)
                 B.log(f"  {r}")
                 shutil.rmtree(data_dir, ignore_errors=True)  # checkpoints are ~1.6 GB
     Path(a.out).parent.mkdir(exist_ok=True)
-    Path(a.out).write_text(json.dumps({"args": vars(a), "matmul_peak_gflops": peaks, "results": results}, indent=1))
+    Path(a.out).write_text(json.dumps({"args": vars(a), "matmul_peak_gflops": peaks,
+                                       "limits": {str(k): v for k, v in limits.items()}, "results": results},
+                                      indent=1))
     print(f"\nSmolLM2-135M-Instruct x 2, {a.items} items, K={a.k}, {a.tokens} tokens, rbs {a.rbs}; coopflow "
           f"{a.threads} torch thread(s) per process; ratio = coopflow / the fastest peer configuration of the same "
           f"repeat ({', '.join(a.peer_configs)})\n"
@@ -322,6 +362,13 @@ def main() -> int:
                 print(f"  {'':9s} without the checkpoint write and waits ({ck:.1f} s): env_steps/s {loop:.3f}"
                       + (f"  x{loop / peers[-1]:.2f}" if peers and peers[-1] else ""))
             print(f"  {'':9s} split {runs[-1].get('split')}")
+            fl = runs[-1].get("floors")
+            if fl:
+                took = {**{k: split.get(k) for k in ("generate", "update", "checkpoint")},
+                        "train": runs[-1].get("train_seconds")}
+                print(f"  {'':9s} floor " + ", ".join(
+                    f"{k} {fl[k]:.1f} s" + (f" (took {took[k]:.1f} s: {took[k] / fl[k]:.2f}x)" if took.get(k) and fl[k]
+                                            else "") for k in ("generate", "update", "checkpoint", "train")))
     return 0
 
 

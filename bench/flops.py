@@ -15,11 +15,26 @@ ops, norms and the sampling over the vocabulary are not counted (they are the ov
 
 `matmul_peak(dtype, threads)`: the GFLOP/s of a dense 2048 x 2048 matmul on this machine, measured now (median of
 repeats after a warm-up), so a run's achieved rate is read against the limit measured in the same run.
+
+Floors (`Limits`, `phase_floors`): the least time each phase of a run could take on this machine, from limits
+measured in the same run — one core's matmul peak and memory read bandwidth while every core works, and the disk's
+durable (fsync'd) write bandwidth:
+
+- generate, per call on the agent's core: the prefill's FLOPs at the peak, then per decode step the larger of
+  reading the matmul weights once (decoding is a pass over every weight per token) and the step's FLOPs at the peak
+  (rows still sampling only);
+- update: the loss forward + backward FLOPs at the peak (AdamW's pass over the weights and moments not counted);
+- checkpoint: the bytes it wrote at the durable write bandwidth (the best of one, two and four files at once).
+
+A floor is a lower bound, not a prediction: it assumes every matmul at the dense peak and every weight read at the
+streaming bandwidth. Agents that run side by side (mp: a process and a core each) take the slowest agent's floor;
+agents that take turns take the sum.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -106,20 +121,25 @@ class Work:
                 "distinct_prompt_tokens": self.prompt_tokens, "sampled_tokens": self.sampled_tokens}
 
 
-def coopflow_work(data_dir: str | Path, model_dir: str | Path) -> Work:
-    """The work of a coopflow run, from the rollout tables in its artifact store (one generate call per step,
-    turn and agent)."""
+def coopflow_calls(data_dir: str | Path) -> list[dict]:
+    """The generate calls of a coopflow run, from the rollout tables in its artifact store (one call per step, turn
+    and agent): {'agent': index, 'distinct': [prompt lengths], 'rows': [(prompt length, sampled tokens)]}."""
     import pyarrow.parquet as pq
 
-    shape, work = Shape.of(model_dir), Work()
     calls: dict[tuple, list] = {}
     for f in sorted((Path(data_dir) / "artifacts" / "rollouts").glob("*/data.parquet")):
         t = pq.read_table(f, columns=["step", "turn", "agent", "prompt_ids", "length"]).to_pylist()
         for r in t:
             calls.setdefault((f.parent.name, r["step"], r["turn"], r["agent"]), []).append(r)
-    for rows in calls.values():
-        distinct = {tuple(r["prompt_ids"]) for r in rows}
-        work.add_call(shape, [len(p) for p in distinct], [(len(r["prompt_ids"]), r["length"]) for r in rows])
+    return [{"agent": key[3], "distinct": [len(p) for p in {tuple(r["prompt_ids"]) for r in rows}],
+             "rows": [(len(r["prompt_ids"]), r["length"]) for r in rows]} for key, rows in calls.items()]
+
+
+def coopflow_work(data_dir: str | Path, model_dir: str | Path) -> Work:
+    """The work of a coopflow run, from the rollout tables in its artifact store."""
+    shape, work = Shape.of(model_dir), Work()
+    for c in coopflow_calls(data_dir):
+        work.add_call(shape, c["distinct"], c["rows"])
     return work
 
 
@@ -162,3 +182,116 @@ def matmul_peak(dtype: str = "float32", threads: int = 2, n: int = 2048, repeats
 def peaks(threads: int = 2) -> dict:
     """{'fp32': GFLOP/s, 'bf16': GFLOP/s} of this machine now."""
     return {"fp32": round(matmul_peak("float32", threads), 1), "bf16": round(matmul_peak("bfloat16", threads), 1)}
+
+
+# --- floors: the least time each phase could take on this machine -------------------------------------------------
+
+
+def read_bandwidth(nbytes: int = 1 << 29, threads: int = 1, repeats: int = 5) -> dict:
+    """Memory bandwidth in GB/s over `nbytes`-sized buffers (larger than any cache level that matters), all
+    `threads` torch threads reading: 'read' = the best of a float32 dot (two streams; one thread) and sum (one
+    stream), the fastest pure read reached; 'copy' = bytes read by a copy (as many written besides)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        n = nbytes // 4
+        x, y = torch.randn(n), torch.randn(n)
+
+        def best(fn):
+            fn()
+            return min(_timed(fn) for _ in range(repeats))
+
+        total = nbytes / best(lambda: x.sum())
+        dot = 2 * nbytes / best(lambda: torch.dot(x, y)) if threads == 1 else 0.0
+        copy = nbytes / best(lambda: y.copy_(x))
+        return {"read": max(dot, total) / 1e9, "copy": copy / 1e9}
+    finally:
+        torch.set_num_threads(before)
+
+
+def disk_write_bandwidth(directory: str | Path, nbytes: int = 1 << 30, block: int = 16 << 20,
+                         streams: tuple[int, ...] = (1, 2, 4)) -> float:
+    """GB/s of durable writes in `directory`, the best over `streams`: `nbytes` in all, split among that many files
+    written side by side in `block`-sized pieces, each then fsync'd (what a checkpoint waits for before its key is
+    recorded; virtual disks take several streams at once faster than one). The files are removed."""
+    import threading
+
+    buf = os.urandom(block)
+    best = 0.0
+    for n in streams:
+        paths = [Path(directory) / f".disk-bandwidth-{os.getpid()}-{i}" for i in range(n)]
+        pieces = max(1, nbytes // block // n)
+
+        def write(path: Path) -> None:
+            with open(path, "wb") as f:
+                for _ in range(pieces):
+                    f.write(buf)
+                f.flush()
+                os.fsync(f.fileno())
+
+        threads = [threading.Thread(target=write, args=(p,)) for p in paths]
+        t0 = time.perf_counter()
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            best = max(best, n * pieces * block / (time.perf_counter() - t0) / 1e9)
+        finally:
+            for p in paths:
+                p.unlink(missing_ok=True)
+    return best
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+@dataclass(frozen=True)
+class Limits:
+    """This machine's limits for one agent's work, measured in the run they are compared with."""
+
+    peak: float  # GFLOP/s of one core's dense matmuls in the run's compute dtype, every core busy
+    read: float  # GB/s one core reads while every core reads
+    weight_bytes: int  # bytes per weight the decode loop reads each step: 2 (bf16 matmuls) or 4 (float32)
+    disk: float  # GB/s of durable (fsync'd) writes
+
+
+def call_floor(shape: Shape, distinct_prompt_lengths: list[int], rows: list[tuple[int, int]],
+               lim: Limits) -> tuple[float, float]:
+    """(generate, update) seconds one generate call and its loss pass take at least on one core (module docstring)."""
+    w = Work()
+    w.add_call(shape, distinct_prompt_lengths, rows)
+    prefill = sum(shape.forward(p, _tri(p)) for p in distinct_prompt_lengths)
+    read = shape.matmul_params * lim.weight_bytes / (lim.read * 1e9)
+    gen = prefill / (lim.peak * 1e9)
+    for s in range(1, max((c for _, c in rows), default=0)):  # decode step s yields token s + 1 of the rows left
+        live = [p for p, c in rows if c > s]
+        gen += max(read, shape.forward(len(live), sum(p + s for p in live)) / (lim.peak * 1e9))
+    return gen, w.update / (lim.peak * 1e9)
+
+
+def phase_floors(shape: Shape, calls: list[dict], lim: Limits, side_by_side: bool, cores: int = 1,
+                 checkpoint_bytes: int = 0) -> dict:
+    """Floor seconds per phase of a run from its generate calls (`coopflow_calls`): {'generate', 'update',
+    'checkpoint', 'train' (their sum)}. `side_by_side`: the agents run at once, a core each (mp), so a phase takes
+    its slowest agent's floor; else they take turns on `cores` cores, and the agents' floors add up (divided by
+    `cores`)."""
+    per_agent: dict = {}
+    for c in calls:
+        g, u = call_floor(shape, c["distinct"], [tuple(r) for r in c["rows"]], lim)
+        acc = per_agent.setdefault(c.get("agent", 0), [0.0, 0.0])
+        acc[0] += g
+        acc[1] += u
+    def combine(xs):
+        return max(xs, default=0.0) if side_by_side else sum(xs) / cores
+
+    out = {"generate": combine([a[0] for a in per_agent.values()]),
+           "update": combine([a[1] for a in per_agent.values()]),
+           "checkpoint": checkpoint_bytes / (lim.disk * 1e9)}
+    out["train"] = sum(out.values())
+    return {k: round(v, 3) for k, v in out.items()}
