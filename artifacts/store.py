@@ -7,9 +7,10 @@ flow knows whether a stage is cached before running it; the digest of the *outpu
 read: a table's data file and a directory's manifest by sha256 (the ref's `sha256`), a directory's files
 by the digest its manifest records.
 
-Writes are atomic: everything goes to a hidden temp dir beside the target and is renamed into
-place in one step, so a killed process never leaves a half-written artifact that looks complete.
-An existing artifact is never overwritten.
+Writes are atomic and durable: everything goes to a hidden temp dir beside the target, is flushed to the disk
+(every file and directory fsync'd) and renamed into place in one step, the rename flushed too. A killed process
+never leaves a half-written artifact that looks complete, and neither does a machine that goes down: a key is
+recorded only once its bytes are on the disk. An existing artifact is never overwritten.
 
 With a remote (`remote_store`: object storage through fsspec, see `artifacts.remote`) the local store
 is the working cache: each commit is also published there, and an artifact missing here is fetched
@@ -140,6 +141,30 @@ def digest_matches(path: Path, recorded: str) -> tuple[bool, str]:
     with sha256)."""
     got = file_digest(path) if recorded.startswith(XXH3) else sha256_file(path)
     return got == recorded, got
+
+
+def _fsync(path: Path) -> None:
+    """Flush one file's (or directory's entries') written bytes to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as err:  # a directory on a filesystem that cannot flush directories (some network mounts)
+        if not path.is_dir() or err.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
+            raise
+    finally:
+        os.close(fd)
+
+
+def sync_tree(root: Path) -> None:
+    """Flush every file under `root` to the disk, side by side (fsync waits on the device and releases the GIL),
+    then every directory, deepest first: after this, a crash of the machine cannot lose what `root` holds."""
+    files = [p for p in root.rglob("*") if p.is_file()]
+    if files:
+        with ThreadPoolExecutor(max(1, min(4, len(files)))) as pool:
+            list(pool.map(_fsync, files))
+    dirs = {root, *(p for p in root.rglob("*") if p.is_dir())}
+    for d in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
+        _fsync(d)
 
 
 PUBLISHED = ".published"  # in a local artifact dir: its remote copy is committed (not part of the artifact)
@@ -424,11 +449,13 @@ class ArtifactStore:
         (root / PUBLISHED).touch()
 
     def _place(self, tmp: Path, final: Path, kind: str, key: str) -> ArtifactRef | None:
-        """Rename the complete copy `tmp` to `final`: None once it is there. A concurrent writer or fetch of the same
-        key that renamed its own copy in after the caller's exists check wins (ENOTEMPTY): `tmp` is removed and the
-        stored artifact returned."""
+        """Flush the complete copy `tmp` to the disk and rename it to `final` (the rename flushed too): None once it is
+        there. A concurrent writer or fetch of the same key that renamed its own copy in after the caller's exists
+        check wins (ENOTEMPTY): `tmp` is removed and the stored artifact returned."""
+        sync_tree(tmp)
         try:
             os.replace(tmp, final)
+            _fsync(final.parent)
             return None
         except OSError as err:
             done = self.find(kind, key) if err.errno in (errno.ENOTEMPTY, errno.EEXIST) else None

@@ -179,6 +179,31 @@ def test_put_open_dir_with_manifest(store):
     assert ref.sha256 == hashlib.sha256((root / "manifest.json").read_bytes()).hexdigest()
 
 
+def test_a_commit_is_on_the_disk_before_its_key_is_recorded(store, monkeypatch):
+    """Every file and directory of an artifact is fsync'd before the rename that records its key, and the rename is
+    flushed after: a machine that goes down leaves the whole artifact or none of it (tables and directories)."""
+    import os
+
+    from coopflow.artifacts import store as S
+
+    events, fsync, replace = [], S._fsync, os.replace
+    monkeypatch.setattr(S, "_fsync", lambda p: (events.append(("fsync", Path(p))), fsync(p)))
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("rename", Path(b))), replace(a, b)))
+    for put in (lambda: store.put_dir("checkpoint", "durable", _writer),
+                lambda: store.put_table("metrics", "durable", METRICS)):
+        events.clear()
+        ref = put()
+        final = store.location(ref)
+        renames = [i for i, (what, _) in enumerate(events) if what == "rename"]
+        assert len(renames) == 1 and events[renames[0]][1] == final
+        before = [p for what, p in events[:renames[0]] if what == "fsync"]
+        tmp = before[-1]  # the temp dir itself, flushed last (its entries after its files)
+        assert tmp.name.startswith(".tmp-") and tmp.parent == final.parent
+        flushed = {str(p.relative_to(tmp)) for p in before}
+        assert flushed == {str(p.relative_to(final)) for p in final.rglob("*")} | {"."}
+        assert events[renames[0] + 1:] == [("fsync", final.parent)]  # the rename itself
+
+
 def test_a_manifest_of_sha256_digests_still_verifies_and_catches_corruption(store):
     """Manifests written before the XXH3 digests (and writers that hash their own files with sha256) record bare
     sha256 hex: such a directory still opens, and a flipped byte in it is still caught, naming the file."""
