@@ -143,13 +143,18 @@ def digest_matches(path: Path, recorded: str) -> tuple[bool, str]:
     return got == recorded, got
 
 
+_CANNOT_FLUSH = (errno.EINVAL, errno.EBADF, errno.ENOTSUP, errno.ENOSYS)
+
+
 def _fsync(path: Path) -> None:
-    """Flush one file's (or directory's entries') written bytes to the disk."""
+    """Flush one file's (or directory's entries') written bytes to the disk. A filesystem that cannot flush this way
+    (some network and FUSE mounts refuse fsync, or fsync of a directory) is left as it is; a failed flush (EIO, a
+    full disk) raises."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-    except OSError as err:  # a directory on a filesystem that cannot flush directories (some network mounts)
-        if not path.is_dir() or err.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
+    except OSError as err:
+        if err.errno not in _CANNOT_FLUSH:
             raise
     finally:
         os.close(fd)

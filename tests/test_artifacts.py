@@ -204,6 +204,24 @@ def test_a_commit_is_on_the_disk_before_its_key_is_recorded(store, monkeypatch):
         assert events[renames[0] + 1:] == [("fsync", final.parent)]  # the rename itself
 
 
+def test_a_filesystem_that_cannot_flush_still_commits_and_a_failed_flush_stores_nothing(store, monkeypatch):
+    """fsync refused by the filesystem (EINVAL: some network and FUSE mounts) is no error; a flush that fails (EIO)
+    fails the commit and leaves no artifact and no temp dir."""
+    import errno
+    import os
+
+    def refuse(fd, code):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fsync", lambda fd: refuse(fd, errno.EINVAL))
+    ref = store.put_table("metrics", "no-flush", METRICS)
+    assert store.read_rows(ref) == METRICS
+    monkeypatch.setattr(os, "fsync", lambda fd: refuse(fd, errno.EIO))
+    with pytest.raises(OSError, match="Input/output error"):
+        store.put_dir("checkpoint", "lost", _writer)
+    assert store.find("checkpoint", "lost") is None and _temp_dirs(store) == []
+
+
 def test_a_manifest_of_sha256_digests_still_verifies_and_catches_corruption(store):
     """Manifests written before the XXH3 digests (and writers that hash their own files with sha256) record bare
     sha256 hex: such a directory still opens, and a flipped byte in it is still caught, naming the file."""
