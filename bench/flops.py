@@ -287,6 +287,7 @@ def phase_floors(shape: Shape, calls: list[dict], lim: Limits, side_by_side: boo
         acc = per_agent.setdefault(c.get("agent", 0), [0.0, 0.0])
         acc[0] += g
         acc[1] += u
+
     def combine(xs):
         return max(xs, default=0.0) if side_by_side else sum(xs) / cores
 

@@ -179,6 +179,23 @@ def test_an_optimizer_step_waits_for_a_write_still_reading_the_weights(tmp_path,
     assert "agent_0/model.safetensors" in digests and agent.writing is None
 
 
+def test_an_agents_writer_flushes_its_files_to_the_disk_before_the_commit(tmp_path, tiny_model_dir, monkeypatch):
+    """Each agent's checkpoint files are fsync'd by its own writer (beside the next phase, when written in the
+    background), so the commit that records the key finds them on the disk already and does not wait for it."""
+    from coopflow.artifacts import store as S
+    from coopflow.stages.agents import models
+    from coopflow.stages.agents.spec import specs_for
+
+    agent = models.load_agent_state(specs_for([str(tiny_model_dir)], 1e-3)[0])
+    flushed, real = [], S._fsync
+    monkeypatch.setattr(S, "_fsync", lambda p: (flushed.append(Path(p)), real(p)))
+    (tmp_path / "ckpt").mkdir()
+    models.begin_save(agent, tmp_path / "ckpt", 0)
+    digests, _ = models.finish_save(agent)  # no commit yet: only the writer has run
+    assert "agent_0/model.safetensors" in digests
+    assert {str(p.relative_to(tmp_path / "ckpt")) for p in flushed} == set(digests)
+
+
 @pytest.mark.slow
 def test_an_agent_worker_killed_while_writing_fails_the_run_in_words_and_the_rerun_equals_a_clean_run(tmp_path):
     """parallel_training mp: agent 0's worker is SIGKILLed on its writer thread while the next segment generates.

@@ -23,7 +23,7 @@ import torch
 
 from coopflow.artifacts import faults
 from coopflow.stages.agents.checkpoint import CheckpointLayout
-from coopflow.artifacts.store import file_digest
+from coopflow.artifacts.store import file_digest, sync_files
 from coopflow.stages.agents.state import AgentState, CriticState, Policies, write_beside
 from coopflow.stages.agents.spec import AgentSpec
 
@@ -319,11 +319,15 @@ def begin_save(agent: AgentState, out: Path, index: int) -> None:
 
 
 def _save_and_hash(agent: AgentState, out: Path, index: int) -> tuple[dict[str, str], float]:
-    """Write agent i's part and hash its files: (their digests, when it ended as time.time())."""
+    """Write agent i's part, hash its files and flush them to the disk (here, on the writer thread: a checkpoint
+    written beside the next phase does not wait for the disk at its commit): (their digests, when it ended as
+    time.time())."""
     save_agent(agent, out, index)
     faults.hit(f"checkpoint-write/agent{index}")  # (tests: killed while a checkpoint is written beside the next phase)
-    lay = CheckpointLayout(Path(out))
-    return {str(f.relative_to(out)): file_digest(f) for f in lay.agent_files(index)}, time.time()
+    files = CheckpointLayout(Path(out)).agent_files(index)
+    digests = {str(f.relative_to(out)): file_digest(f) for f in files}
+    sync_files(files)
+    return digests, time.time()
 
 
 def wait_save(agent: AgentState) -> None:
