@@ -42,6 +42,9 @@ so machine drift cancels; the printed ratio is baseline / lever (> 1: the lever 
 - loss_wide_attention: the shared-prompt loss forward + backward (bf16 autocast) with SDPA on float32 queries, keys
   and values (coopflow's choice where bf16 attention is not the fast kernel: CPUs without AMX) vs on bf16 ones;
   loss and the gradients' relative difference.
+- decode_fp32_packed: a float32 decode loop (float32 runs' dtype) with its matmul weights reordered once per call
+  for oneDNN (batch hint: --rows) vs F.linear; the runs' sampling; the largest product difference and the share of tokens that agree
+  (float32 runs must sample `generate`'s tokens).
 - decode_floor: a decode step against its physical floor, at --rows and 2x --rows: step ms with every bf16
   lever on (lever) and off (base), the matmuls alone, weight bytes / step time as GB/s, this core's read
   bandwidth and one thread's dense matmul peak, both measured in the same run. The floor is the larger of the
@@ -391,6 +394,49 @@ def lever_decode_pack_hint(model, tok, a) -> dict:
     return {"base_s": tb, "lever_s": tl, "same_tokens": bool(torch.equal(run(a.rows)(), run(1)()))}
 
 
+def lever_decode_fp32_packed(model, tok, a) -> dict:
+    """A float32 decode loop (the weights' own dtype, as float32 runs decode) with its float32 matmul weights
+    reordered once per call into oneDNN's blocked layout for --rows-row inputs (bf16 runs' are, for 1-row ones) vs
+    F.linear; the runs' sampling,
+    HumanEval-length prompts. Float32 runs must sample `generate`'s tokens, so what decides is whether the products
+    are F.linear's: the largest difference over one step's matmuls and the share of sampled tokens that agree."""
+    from coopflow.stages.agents import decode as FD
+
+    enc = tok(_humaneval_like(tok, a.rows), return_tensors="pt", padding=True)
+    kept, hint = FD.packs, FD.PACK_HINT
+
+    def run(pack: bool):
+        def go():
+            FD.packs = (lambda dt, dev: dev.type == "cpu") if pack else kept
+            FD.PACK_HINT = a.rows  # (float32: packed for the decode's own row count, the faster kernel measured)
+            try:
+                torch.manual_seed(0)
+                return FD.sample(model, enc["input_ids"], enc["attention_mask"], a.tokens, 0.8, 50, 0.95, None,
+                                 tok.pad_token_id, packed=True if pack else None)
+            finally:
+                FD.packs, FD.PACK_HINT = kept, hint
+        return go
+
+    tb, tl = interleave(run(False), run(True), a.repeats)
+    lins = [FD._layer_weights(layer, torch.float32, torch.float32) for layer in model.model.layers]
+    head = FD._Proj(model.lm_head.weight, None, torch.float32)
+    H = model.config.hidden_size
+    xh = torch.randn(a.rows, 1, H)
+    plain = [p(xh) for w in lins for p in (w["qkv"], w["o"], w["gu"])] + [head(xh[:, 0])]
+    FD.PACK_HINT = a.rows
+    try:
+        for proj in FD._projections(lins, head):
+            proj.pack()
+    finally:
+        FD.PACK_HINT = hint
+    packed = [p(xh) for w in lins for p in (w["qkv"], w["o"], w["gu"])] + [head(xh[:, 0])]
+    base, lever = run(False)(), run(True)()
+    n = min(base.shape[1], lever.shape[1])
+    diff = max((x - y).abs().max().item() for x, y in zip(plain, packed))
+    return {"base_s": tb, "lever_s": tl, "max_product_diff": f"{diff:.1e}",
+            "tokens_agree": round((base[:, :n] == lever[:, :n]).float().mean().item(), 3)}
+
+
 def lever_decode_frozen(model, tok, a) -> dict:
     """torch.compile with weight freezing (max-autotune: inductor's own AMX/AVX512 GEMM kernels, weights packed at
     compile time) against oneDNN's packed kernels, on one decode step's projection matmuls (q/k/v, o, gate/up, down
@@ -640,7 +686,7 @@ LEVERS = {"decode_bf16": lever_decode_bf16, "decode_fused": lever_decode_fused, 
           "decode_pack_hint": lever_decode_pack_hint, "decode_frozen": lever_decode_frozen,
           "decode_prefix_attention": lever_decode_prefix_attention,
           "loss_chunked_lse": lever_loss_chunked_lse, "loss_wide_attention": lever_loss_wide_attention,
-          "decode_shared_attention": lever_decode_shared_attention}
+          "decode_shared_attention": lever_decode_shared_attention, "decode_fp32_packed": lever_decode_fp32_packed}
 
 
 def main() -> int:
