@@ -45,6 +45,8 @@ so machine drift cancels; the printed ratio is baseline / lever (> 1: the lever 
 - decode_fp32_packed: a float32 decode loop (float32 runs' dtype) with its matmul weights reordered once per call
   for oneDNN (batch hint: --rows) vs F.linear; the runs' sampling; the largest product difference and the share of tokens that agree
   (float32 runs must sample `generate`'s tokens).
+- decode_parts: where a bf16 decode step's time goes, 2 prompts x rows/2 samples: the step, then without its
+  projection matmuls (precomputed outputs), then without its attention too: matmuls, attention and the rest in ms.
 - decode_floor: a decode step against its physical floor, at --rows and 2x --rows: step ms with every bf16
   lever on (lever) and off (base), the matmuls alone, weight bytes / step time as GB/s, this core's read
   bandwidth and one thread's dense matmul peak, both measured in the same run. The floor is the larger of the
@@ -437,6 +439,54 @@ def lever_decode_fp32_packed(model, tok, a) -> dict:
             "tokens_agree": round((base[:, :n] == lever[:, :n]).float().mean().item(), 3)}
 
 
+def lever_decode_parts(model, tok, a) -> dict:
+    """Where a bf16 decode step's time goes (runs' sampling, 2 prompts x rows/2 samples, the runs' shape): the step
+    as it runs, then with its projection matmuls replaced by precomputed outputs of their shapes (the LM head's
+    random, so the sampling does its usual work), then with the attention replaced too. The differences are the
+    matmuls' and the attention's share; what is left is the norms, casts, rotary, cache writes and sampling. The
+    tokens of the replaced runs mean nothing; only their time is read."""
+    from coopflow.stages.agents import decode as FD
+
+    enc = tok(_humaneval_like(tok, a.rows, prompts=2), return_tensors="pt", padding=True)
+    T = a.tokens
+    call_proj, attention, pack = FD._Proj.__call__, FD._shared_prompt_attention, FD._Proj.pack
+    outs, widths = {}, {}
+
+    def packed(self):  # remember each projection's output width before its plain weight goes
+        widths[id(self)] = self.w.shape[0]
+        pack(self)
+
+    def canned(self, x):  # decode-step calls (one token per row) get a fixed output; the prefill runs as ever
+        if not (x.dim() == 2 or x.shape[-2] == 1):
+            return call_proj(self, x)
+        n = self.w.shape[0] if self.packed is None else widths[id(self)]
+        key = (tuple(x.shape[:-1]), n, x.dtype)
+        if key not in outs:
+            outs[key] = torch.randn(*x.shape[:-1], n).mul(3.0 if n > 10000 else 0.01).to(x.dtype)
+        return outs[key]
+
+    def per_step():
+        def call(n):
+            torch.manual_seed(0)
+            FD.sample(model, enc["input_ids"], enc["attention_mask"], n, 0.8, 50, 0.95, None, tok.pad_token_id,
+                      compute_dtype=torch.bfloat16)
+        call(2)
+        return min((_timed(lambda: call(T + 4)) - _timed(lambda: call(4))) / T for _ in range(a.repeats))
+
+    FD._Proj.pack = packed
+    try:
+        full = per_step()
+        FD._Proj.__call__ = canned
+        no_mm = per_step()
+        FD._shared_prompt_attention = lambda q, *_: q.clone()
+        rest = per_step()
+    finally:
+        FD._Proj.__call__, FD._shared_prompt_attention, FD._Proj.pack = call_proj, attention, pack
+    return {"base_s": full, "lever_s": rest, "step_ms": round(full * 1e3, 1),
+            "matmuls_ms": round((full - no_mm) * 1e3, 1), "attention_ms": round((no_mm - rest) * 1e3, 1),
+            "rest_ms": round(rest * 1e3, 1)}
+
+
 def lever_decode_frozen(model, tok, a) -> dict:
     """torch.compile with weight freezing (max-autotune: inductor's own AMX/AVX512 GEMM kernels, weights packed at
     compile time) against oneDNN's packed kernels, on one decode step's projection matmuls (q/k/v, o, gate/up, down
@@ -686,7 +736,8 @@ LEVERS = {"decode_bf16": lever_decode_bf16, "decode_fused": lever_decode_fused, 
           "decode_pack_hint": lever_decode_pack_hint, "decode_frozen": lever_decode_frozen,
           "decode_prefix_attention": lever_decode_prefix_attention,
           "loss_chunked_lse": lever_loss_chunked_lse, "loss_wide_attention": lever_loss_wide_attention,
-          "decode_shared_attention": lever_decode_shared_attention, "decode_fp32_packed": lever_decode_fp32_packed}
+          "decode_shared_attention": lever_decode_shared_attention, "decode_fp32_packed": lever_decode_fp32_packed,
+          "decode_parts": lever_decode_parts}
 
 
 def main() -> int:
