@@ -172,9 +172,9 @@ def sync_files(files: list[Path]) -> None:
 def sync_tree(root: Path) -> None:
     """Flush every file under `root` to the disk (`sync_files`), then every directory, deepest first: after this, a
     crash of the machine cannot lose what `root` holds."""
-    sync_files([p for p in root.rglob("*") if p.is_file()])
-    dirs = {root, *(p for p in root.rglob("*") if p.is_dir())}
-    for d in sorted(dirs, key=lambda d: len(d.parts), reverse=True):
+    entries = list(root.rglob("*"))
+    sync_files([p for p in entries if p.is_file()])
+    for d in sorted([root, *(p for p in entries if p.is_dir())], key=lambda d: len(d.parts), reverse=True):
         _fsync(d)
 
 
