@@ -43,8 +43,8 @@ so machine drift cancels; the printed ratio is baseline / lever (> 1: the lever 
   and values (coopflow's choice where bf16 attention is not the fast kernel: CPUs without AMX) vs on bf16 ones;
   loss and the gradients' relative difference.
 - decode_fp32_packed: a float32 decode loop (float32 runs' dtype) with its matmul weights reordered once per call
-  for oneDNN (batch hint: --rows) vs F.linear; the runs' sampling; the largest product difference and the share of tokens that agree
-  (float32 runs must sample `generate`'s tokens).
+  for oneDNN (batch hint: --rows) vs F.linear; the runs' sampling; the largest product difference and the share of
+  tokens that agree (float32 runs must sample `generate`'s tokens).
 - decode_parts: where a bf16 decode step's time goes, 2 prompts x rows/2 samples: the step, then without its
   projection matmuls (precomputed outputs), then without its attention too: matmuls, attention and the rest in ms.
 - decode_floor: a decode step against its physical floor, at --rows and 2x --rows: step ms with every bf16
@@ -70,6 +70,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from flops import timed as _timed  # noqa: E402  (bench/ is on the path when this script runs)
 
 PROMPTS = ["Write a Python function that returns the sum of the squares of a list of integers.",
            "Explain in two sentences why the sky looks blue during the day."]
@@ -399,9 +400,9 @@ def lever_decode_pack_hint(model, tok, a) -> dict:
 def lever_decode_fp32_packed(model, tok, a) -> dict:
     """A float32 decode loop (the weights' own dtype, as float32 runs decode) with its float32 matmul weights
     reordered once per call into oneDNN's blocked layout for --rows-row inputs (bf16 runs' are, for 1-row ones) vs
-    F.linear; the runs' sampling,
-    HumanEval-length prompts. Float32 runs must sample `generate`'s tokens, so what decides is whether the products
-    are F.linear's: the largest difference over one step's matmuls and the share of sampled tokens that agree."""
+    F.linear; the runs' sampling, HumanEval-length prompts. Float32 runs must sample `generate`'s tokens, so what
+    decides is whether the products are F.linear's: the largest difference over one step's matmuls and the share of
+    sampled tokens that agree."""
     from coopflow.stages.agents import decode as FD
 
     enc = tok(_humaneval_like(tok, a.rows), return_tensors="pt", padding=True)
@@ -424,14 +425,18 @@ def lever_decode_fp32_packed(model, tok, a) -> dict:
     head = FD._Proj(model.lm_head.weight, None, torch.float32)
     H = model.config.hidden_size
     xh = torch.randn(a.rows, 1, H)
-    plain = [p(xh) for w in lins for p in (w["qkv"], w["o"], w["gu"])] + [head(xh[:, 0])]
+
+    def products():
+        return [p(xh) for w in lins for p in (w["qkv"], w["o"], w["gu"])] + [head(xh[:, 0])]
+
+    plain = products()
     FD.PACK_HINT = a.rows
     try:
         for proj in FD._projections(lins, head):
             proj.pack()
     finally:
         FD.PACK_HINT = hint
-    packed = [p(xh) for w in lins for p in (w["qkv"], w["o"], w["gu"])] + [head(xh[:, 0])]
+    packed = products()
     base, lever = run(False)(), run(True)()
     n = min(base.shape[1], lever.shape[1])
     diff = max((x - y).abs().max().item() for x, y in zip(plain, packed))
@@ -643,10 +648,6 @@ def lever_loss_chunked_lse(model, tok, a) -> dict:
     return {"base_s": tb, "lever_s": tl, "same_loss": l0 == l1, "same_last_grad": bool(torch.equal(g0, g1))}
 
 
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def lever_decode_floor(model, tok, a) -> dict:

@@ -83,31 +83,32 @@ def mode_agents(mode: str) -> dict:
 
 
 def machine_limits(directory: Path, peaks: dict) -> dict:
-    """This machine's limits for the floors, measured now: per busy-core count n (1, and every core), a core's
-    matmul peak {'fp32', 'bf16'} (GFLOP/s) and read bandwidth 'read' (GB/s) while n cores work; 'disk_GBps': durable
-    writes in `directory`. `peaks`: the every-core matmul peaks already measured."""
+    """This machine's limits for the floors, measured now: 'disk_GBps' (durable writes in `directory`) and
+    'per_core' {n: a core's matmul peak 'fp32' / 'bf16' (GFLOP/s) and read bandwidth 'read' (GB/s) while n cores
+    work} for n = 1 and every core. `peaks`: the every-core matmul peaks already measured."""
     import os
 
     cores = os.cpu_count() or 1
-    out: dict = {"disk_GBps": round(flops.disk_write_bandwidth(directory), 3)}
+    per_core = {}
     for n in sorted({1, cores}):
         pk = peaks if n == cores else flops.peaks(n)
         read = flops.read_bandwidth(threads=n)["read"]
-        out[n] = {"fp32": round(pk["fp32"] / n, 1), "bf16": round(pk["bf16"] / n, 1), "read": round(read / n, 2)}
-    return out
+        per_core[n] = {"fp32": round(pk["fp32"] / n, 1), "bf16": round(pk["bf16"] / n, 1), "read": round(read / n, 2)}
+    return {"disk_GBps": round(flops.disk_write_bandwidth(directory), 3), "per_core": per_core}
 
 
 def run_floors(mode: str, data_dir: Path, limits: dict, threads: int, shape) -> dict:
     """The floor seconds of a finished coopflow run's phases (`flops.phase_floors`), from its artifact store: its
     generate calls, and the bytes of its checkpoints."""
-    from coopflow.stages.agents.hardware import native_bf16
+    from coopflow.stages.agents.decode import resolve_compute_dtype
 
     side_by_side = mode.split("-")[0] == "mp"
-    busy = max(k for k in limits if isinstance(k, int)) if side_by_side else threads
-    per_core = limits.get(busy) or limits[1]
-    bf16 = mode_settings(mode)[1] == "auto" and native_bf16("cpu")
-    lim = flops.Limits(peak=per_core["bf16" if bf16 else "fp32"],
-                       read=per_core["read"], weight_bytes=2 if bf16 else 4, disk=limits["disk_GBps"])
+    per_core = limits["per_core"]
+    busy = max(per_core) if side_by_side else threads  # mp keeps every core busy
+    core = per_core.get(busy) or per_core[1]
+    bf16 = resolve_compute_dtype(mode_settings(mode)[1], "cpu") == "bfloat16"
+    lim = flops.Limits(peak=core["bf16" if bf16 else "fp32"], read=core["read"], weight_bytes=2 if bf16 else 4,
+                       disk=limits["disk_GBps"])
     ck = sum(f.stat().st_size for f in (data_dir / "artifacts" / "checkpoint").rglob("*") if f.is_file())
     return flops.phase_floors(shape, flops.coopflow_calls(data_dir), lim, side_by_side, cores=threads,
                               checkpoint_bytes=ck)
@@ -332,9 +333,8 @@ def main() -> int:
                 B.log(f"  {r}")
                 shutil.rmtree(data_dir, ignore_errors=True)  # checkpoints are ~1.6 GB
     Path(a.out).parent.mkdir(exist_ok=True)
-    Path(a.out).write_text(json.dumps({"args": vars(a), "matmul_peak_gflops": peaks,
-                                       "limits": {str(k): v for k, v in limits.items()}, "results": results},
-                                      indent=1))
+    Path(a.out).write_text(json.dumps({"args": vars(a), "matmul_peak_gflops": peaks, "limits": limits,
+                                       "results": results}, indent=1))
     print(f"\nSmolLM2-135M-Instruct x 2, {a.items} items, K={a.k}, {a.tokens} tokens, rbs {a.rbs}; coopflow "
           f"{a.threads} torch thread(s) per process; ratio = coopflow / the fastest peer configuration of the same "
           f"repeat ({', '.join(a.peer_configs)})\n"

@@ -78,6 +78,11 @@ def _tri(n: int) -> int:
     return n * (n + 1) // 2
 
 
+def _prefill(shape: "Shape", distinct_prompt_lengths: list[int]) -> float:
+    """FLOPs of prefilling each distinct prompt once (causal)."""
+    return sum(shape.forward(p, _tri(p)) for p in distinct_prompt_lengths)
+
+
 @dataclass
 class Work:
     """Matmul FLOPs of a run's generate and update phases (see the module docstring)."""
@@ -94,7 +99,7 @@ class Work:
 
     def add_call(self, shape: Shape, distinct_prompt_lengths: list[int], rows: list[tuple[int, int]]) -> None:
         """One generate call: the lengths of its distinct prompts, and per row (prompt length, sampled tokens)."""
-        prefill = sum(shape.forward(p, _tri(p)) for p in distinct_prompt_lengths)
+        prefill = _prefill(shape, distinct_prompt_lengths)
         # the t-th sampled token (t = 1..c) is produced by the forward at position p + t - 1 over p + t - 1 slots;
         # the first comes out of the prefill, so a row runs c - 1 decode forwards at contexts p + 1 .. p + c - 1
         decode = sum(shape.forward(c - 1, _tri(p + c - 1) - _tri(p)) for p, c in rows if c > 1)
@@ -201,7 +206,7 @@ def read_bandwidth(nbytes: int = 1 << 29, threads: int = 1, repeats: int = 5) ->
 
         def best(fn):
             fn()
-            return min(_timed(fn) for _ in range(repeats))
+            return min(timed(fn) for _ in range(repeats))
 
         total = nbytes / best(lambda: x.sum())
         dot = 2 * nbytes / best(lambda: torch.dot(x, y)) if threads == 1 else 0.0
@@ -245,7 +250,8 @@ def disk_write_bandwidth(directory: str | Path, nbytes: int = 1 << 30, block: in
     return best
 
 
-def _timed(fn) -> float:
+def timed(fn) -> float:
+    """Seconds one call of fn() takes."""
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
@@ -266,7 +272,7 @@ def call_floor(shape: Shape, distinct_prompt_lengths: list[int], rows: list[tupl
     """(generate, update) seconds one generate call and its loss pass take at least on one core (module docstring)."""
     w = Work()
     w.add_call(shape, distinct_prompt_lengths, rows)
-    prefill = sum(shape.forward(p, _tri(p)) for p in distinct_prompt_lengths)
+    prefill = _prefill(shape, distinct_prompt_lengths)
     read = shape.matmul_params * lim.weight_bytes / (lim.read * 1e9)
     gen = prefill / (lim.peak * 1e9)
     for s in range(1, max((c for _, c in rows), default=0)):  # decode step s yields token s + 1 of the rows left
