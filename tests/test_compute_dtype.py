@@ -214,3 +214,47 @@ def test_whether_bf16_attention_is_fast_enters_bf16_keys_only(tmp_path, monkeypa
     assert start_key(True, BF16) != start_key(False, BF16)
     plain = {"agent_model": "tiny", "num_agents": 2}
     assert start_key(True, plain) == start_key(False, plain)
+
+
+def test_wide_attention_groups_query_heads_in_sdpa_instead_of_copying_keys(monkeypatch):
+    """Masked grouped-query attention under a bf16 autocast on a CPU: `WIDE_SDPA` hands SDPA the 2 key/value heads
+    with `enable_gqa` (transformers would copy them to the 4 query heads first) — the same outputs as transformers'
+    float32 path, the same gradients up to summation order; a call without a mask keeps transformers' path."""
+    import types
+
+    import torch.nn.functional as F
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from coopflow.stages.agents import attention as AT
+
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda *a, **kw: calls.append(kw.get("enable_gqa", False)) or sdpa(*a, **kw))
+    module = types.SimpleNamespace(num_key_value_groups=2, is_causal=True, training=True)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, h, 6, 8, generator=gen, requires_grad=True) for h in (4, 2, 2))
+    mask = torch.ones(3, 1, 6, 6, dtype=torch.bool).tril()
+    mask[0, :, :, :2] = False  # a left-padded row
+    mask[0, :, :2, 0] = mask[0, :, 1, 1] = True  # (a fully padded query row attends to something)
+    g_out = torch.randn(3, 6, 4, 8, generator=gen)
+
+    def run(fn, autocast: bool, m):
+        for t in (q, k, v):
+            t.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out, _ = fn(module, q, k, v, m, dropout=0.0, scaling=0.3)
+        out = out.to(torch.bfloat16).float()  # (so both backwards start from the same bf16-rounded gradient)
+        out.backward(g_out)
+        return out, [t.grad.clone() for t in (q, k, v)]
+
+    out, grads = run(AT._sdpa_float32, True, mask)
+    assert calls == [True]
+    ref, ref_grads = run(sdpa_attention_forward, False, mask)
+    assert calls[1:] == [False]  # transformers' path: the keys copied per query head
+    assert torch.equal(out, ref)
+    assert all(torch.allclose(g, r, atol=1e-6) for g, r in zip(grads, ref_grads))
+    calls.clear()
+    run(AT._sdpa_float32, True, None)
+    assert calls == [True]  # unmasked: transformers' own grouped call (is_causal), not ours
+    assert not AT._grouped_on_cpu(module, q, None, {})
