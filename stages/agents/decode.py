@@ -206,20 +206,30 @@ def _distinct_rows(input_ids, attention_mask):
 
 # --- the loop ------------------------------------------------------------------------------------
 
+# How many logits past the k-th one top-k reads at once: bf16 logits tie at the k-th value in nearly every step
+# (SmolLM2-135M, top-k 50, 8 rows: up to 11 tied past it per row, most often 0-4), and ties survive too. Reading
+# k + TIE_MARGIN values finds them in the same pass over the vocabulary; more ties than that cost a second pass.
+TIE_MARGIN = 14
+
+
 def _survivors(logits, temperature: float, top_k: int, top_p: float):
     """Each row's top-k survivors after transformers' warpers (temperature, top-k, top-p; same order and tie rules):
     ([B, m] warped logits in ascending order, -inf where masked; [B, m] their token ids), m the most survivors of
     any row (every token tied with the k-th logit survives, as in transformers). Top-p sorts only these m values:
-    the masked rest has probability 0 and never changes the cumulative sums."""
+    the masked rest has probability 0 and never changes the cumulative sums. The tied tokens are found in the same
+    top-k pass where `TIE_MARGIN` holds them."""
     if temperature is not None and temperature != 1.0:
         logits = logits / temperature
-    top = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1)  # values sorted descending, with their ids
-    kth = top.values[..., -1:]
-    m = int((logits >= kth).sum(-1).max())  # ties at the k-th logit survive too
-    if m > top.values.shape[-1]:
+    V = logits.shape[-1]
+    k = min(top_k, V)
+    top = torch.topk(logits, min(k + TIE_MARGIN, V), dim=-1)  # values sorted descending, with their ids
+    kth = top.values[..., k - 1:k]
+    m = int((top.values >= kth).sum(-1).max())  # ties at the k-th logit survive too
+    if m == top.values.shape[-1] < V:  # the margin may hold only some of a row's ties: count them all
+        m = int((logits >= kth).sum(-1).max())
         top = torch.topk(logits, m, dim=-1)
-    values = top.values.masked_fill(top.values < kth, float("-inf")).flip(-1)
-    ids = top.indices.flip(-1)
+    values = top.values[..., :m].masked_fill(top.values[..., :m] < kth, float("-inf")).flip(-1)
+    ids = top.indices[..., :m].flip(-1)
     if top_p is not None and top_p < 1.0:
         remove = values.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
         remove[..., -1:] = False  # keep at least one token
