@@ -370,6 +370,75 @@ def lever_loss_wide_attention(model, tok, a) -> dict:
             "grad_rel_diff": float((g0 - g1).norm() / g0.norm())}
 
 
+def lever_loss_wide_gqa(model, tok, a) -> dict:
+    """The policy loss forward + backward on `WIDE_SDPA` (float32 attention under a bf16 autocast, coopflow's choice on
+    CPUs without AMX; shared prompts, HumanEval-length prompts, 4 prompts x rows/4 completions), its masked
+    grouped-query attention handed to SDPA with `enable_gqa` (coopflow's path on a CPU) vs transformers' key/value
+    copies per query head; loss and gradients compared."""
+    from coopflow.stages.agents import attention as AT
+    from coopflow.stages.agents.logprobs import sequence_logprobs
+
+    prompts, comps = _sampled_batch(model, tok, a)
+    grouped, grads = AT._grouped_on_cpu, {}
+
+    def run(native: bool):
+        def go():
+            AT._grouped_on_cpu = grouped if native else (lambda *args: False)
+            model.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = -sequence_logprobs(model, prompts, comps, tok.pad_token_id).mean()
+            loss.backward()
+            grads[native] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+            return loss.item()
+        return go
+
+    model.set_attn_implementation(AT.register())
+    model.train()
+    try:
+        tb, tl = interleave(run(False), run(True), a.repeats)
+        l0, l1 = run(False)(), run(True)()
+    finally:
+        AT._grouped_on_cpu = grouped
+        model.set_attn_implementation("sdpa")
+        model.zero_grad(set_to_none=True)
+        model.eval()
+    return {"base_s": tb, "lever_s": tl, "loss_copies": round(l0, 4), "loss_grouped": round(l1, 4),
+            "grad_rel_diff": float((grads[False] - grads[True]).norm() / grads[False].norm())}
+
+
+def lever_decode_tie_margin(model, tok, a) -> dict:
+    """A bf16 decode (runs' sampling, HumanEval-length prompts, 2 prompts x rows/2 samples) whose top-k reads
+    `TIE_MARGIN` values past the k-th (the ties at the k-th logit found in one pass over the vocabulary) vs a margin
+    of 0 (every step with a tie counts the ties over the whole vocabulary and runs top-k again, as before), and one
+    draw's `_survivors` alone on that many rows of 49k bf16-rounded logits."""
+    from coopflow.stages.agents import decode as FD
+
+    enc = tok(_humaneval_like(tok, a.rows, prompts=2), return_tensors="pt", padding=True)
+    margin = FD.TIE_MARGIN
+
+    def run(m):
+        def go():
+            FD.TIE_MARGIN = m
+            torch.manual_seed(0)
+            return FD.sample(model, enc["input_ids"], enc["attention_mask"], a.tokens, 0.8, 50, 0.95, None,
+                             tok.pad_token_id, compute_dtype=torch.bfloat16)
+        return go
+
+    logits = (torch.randn(a.rows, model.config.vocab_size) * 3).bfloat16().float()
+
+    def draws(m, n=200):
+        FD.TIE_MARGIN = m
+        return _timed(lambda: [FD._survivors(logits, 0.8, 50, 0.95) for _ in range(n)]) / n
+
+    try:
+        tb, tl = interleave(run(0), run(margin), a.repeats)
+        sb, sl = min(draws(0) for _ in range(3)), min(draws(margin) for _ in range(3))
+    finally:
+        FD.TIE_MARGIN = margin
+    return {"base_s": tb, "lever_s": tl, "survivors_ms_base": round(sb * 1e3, 3),
+            "survivors_ms_lever": round(sl * 1e3, 3)}
+
+
 def lever_decode_packed(model, tok, a) -> dict:
     return _decode_ab(model, tok, a, "packed", (0.8, 50, 0.95))
 
@@ -738,7 +807,8 @@ LEVERS = {"decode_bf16": lever_decode_bf16, "decode_fused": lever_decode_fused, 
           "decode_prefix_attention": lever_decode_prefix_attention,
           "loss_chunked_lse": lever_loss_chunked_lse, "loss_wide_attention": lever_loss_wide_attention,
           "decode_shared_attention": lever_decode_shared_attention, "decode_fp32_packed": lever_decode_fp32_packed,
-          "decode_parts": lever_decode_parts}
+          "decode_parts": lever_decode_parts, "loss_wide_gqa": lever_loss_wide_gqa,
+          "decode_tie_margin": lever_decode_tie_margin}
 
 
 def main() -> int:
