@@ -337,12 +337,23 @@ def lever_loss_eager_attention(model, tok, a) -> dict:
     return {"base_s": tb, "lever_s": tl, "loss_sdpa": round(l0, 4), "loss_eager": round(l1, 4)}
 
 
+def _bf16_loss_pass(model, tok, prompts, comps) -> tuple[float, torch.Tensor]:
+    """One policy loss forward + backward under a bf16 autocast (shared prompts): (the loss, every gradient flattened
+    into one vector)."""
+    from coopflow.stages.agents.logprobs import sequence_logprobs
+
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = -sequence_logprobs(model, prompts, comps, tok.pad_token_id).mean()
+    loss.backward()
+    return loss.item(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
 def lever_loss_wide_attention(model, tok, a) -> dict:
     """The policy loss forward + backward (shared prompts, bf16 autocast, HumanEval-length prompts, 4 prompts x
     rows/4 completions) with SDPA on float32 queries, keys and values (`attention.WIDE_SDPA`, coopflow's choice where
     bf16 attention is not fast) vs SDPA on the autocast's bf16 ones; loss and gradients compared."""
     from coopflow.stages.agents import attention as AT
-    from coopflow.stages.agents.logprobs import sequence_logprobs
 
     prompts, comps = _sampled_batch(model, tok, a)
     grads = {}
@@ -350,12 +361,8 @@ def lever_loss_wide_attention(model, tok, a) -> dict:
     def run(impl):
         def go():
             model.set_attn_implementation(impl)
-            model.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = -sequence_logprobs(model, prompts, comps, tok.pad_token_id).mean()
-            loss.backward()
-            grads[impl] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-            return loss.item()
+            loss, grads[impl] = _bf16_loss_pass(model, tok, prompts, comps)
+            return loss
         return go
 
     model.train()
@@ -376,7 +383,6 @@ def lever_loss_wide_gqa(model, tok, a) -> dict:
     grouped-query attention handed to SDPA with `enable_gqa` (coopflow's path on a CPU) vs transformers' key/value
     copies per query head; loss and gradients compared."""
     from coopflow.stages.agents import attention as AT
-    from coopflow.stages.agents.logprobs import sequence_logprobs
 
     prompts, comps = _sampled_batch(model, tok, a)
     grouped, grads = AT._grouped_on_cpu, {}
@@ -384,12 +390,8 @@ def lever_loss_wide_gqa(model, tok, a) -> dict:
     def run(native: bool):
         def go():
             AT._grouped_on_cpu = grouped if native else (lambda *args: False)
-            model.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = -sequence_logprobs(model, prompts, comps, tok.pad_token_id).mean()
-            loss.backward()
-            grads[native] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-            return loss.item()
+            loss, grads[native] = _bf16_loss_pass(model, tok, prompts, comps)
+            return loss
         return go
 
     model.set_attn_implementation(AT.register())
