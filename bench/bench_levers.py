@@ -719,8 +719,6 @@ def lever_loss_chunked_lse(model, tok, a) -> dict:
     return {"base_s": tb, "lever_s": tl, "same_loss": l0 == l1, "same_last_grad": bool(torch.equal(g0, g1))}
 
 
-
-
 def lever_decode_floor(model, tok, a) -> dict:
     """A decode step (bf16 matmuls, HumanEval-length prompts, runs' sampling) against its floor: the larger of the
     time to read its matmul weights once (the read bandwidth measured here) and the time its matmul FLOPs take at

@@ -350,17 +350,20 @@ def test_the_survivors_are_every_token_at_or_above_the_kth_logit_ties_within_and
     g = torch.Generator().manual_seed(0)
     k = 10
     logits = torch.randn(4, 300, generator=g) * 3
-    kth = lambda r: torch.topk(logits[r], k).values[-1]  # noqa: E731
-    logits[1, 200:205] = kth(1)  # 5 ties past the k-th: inside the margin
-    logits[2, 100:100 + FD.TIE_MARGIN + 6] = kth(2)  # more ties than the margin: the whole-vocabulary count
-    logits[3, 50:50 + FD.TIE_MARGIN] = kth(3)  # exactly the margin's worth
+
+    def kth(row):  # the row's k-th largest logit
+        return torch.topk(row, k).values[-1]
+
+    logits[1, 200:205] = kth(logits[1])  # 5 ties past the k-th: inside the margin
+    logits[2, 100:100 + FD.TIE_MARGIN + 6] = kth(logits[2])  # more ties than the margin: the whole-vocabulary count
+    logits[3, 50:50 + FD.TIE_MARGIN] = kth(logits[3])  # exactly the margin's worth
     for rows in ([0], [0, 1], [0, 1, 3], [0, 1, 2, 3]):
         x = logits[rows]
         values, ids = FD._survivors(x, 1.0, k, 1.0)
-        for i, r in enumerate(rows):
-            want = (x[i] >= torch.topk(x[i], k).values[-1]).nonzero().flatten()
+        wants = [(row >= kth(row)).nonzero().flatten() for row in x]  # every token at or above the k-th
+        for i, want in enumerate(wants):
             kept = values[i] > float("-inf")
             assert sorted(ids[i][kept].tolist()) == want.tolist()
             assert torch.equal(values[i][kept], x[i][ids[i][kept]])
             assert bool((values[i][kept].diff() >= 0).all())  # ascending, as top-p's cumulative sum wants
-        assert values.shape[-1] == max(int((x[i] >= torch.topk(x[i], k).values[-1]).sum()) for i in range(len(rows)))
+        assert values.shape[-1] == max(len(want) for want in wants)

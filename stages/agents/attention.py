@@ -14,8 +14,8 @@ matrix, so the extra memory is the float32 copies of q, k and v. Outside an auto
 Grouped-query attention (fewer key/value heads than query heads) under a mask: transformers copies each key/value
 head once per query head it serves before calling SDPA (`repeat_kv`), and its backward sums the copies' gradients
 back. On a CPU, SDPA's flash kernel takes the grouping itself (`enable_gqa`, masked or not), so `WIDE_SDPA` calls it
-that way there: the same attention without the copies (1.1-1.6x on SmolLM2's loss-pass attention, forward and
-backward; the outputs the same numbers, the key/value gradients summed in another order).
+that way there: the same attention without the copies (the outputs the same numbers, the key/value gradients
+summed in another order; measured: `bench/bench_levers.py --levers loss_wide_gqa`, the benchmarks page).
 
 `use_wide_attention(model, compute_dtype)` switches a model to it or back (a per-agent op of the run's compute
 setting, `state.set_compute_dtype`); only models on SDPA are switched, so a user's `attn_implementation` stays.

@@ -228,8 +228,8 @@ def _survivors(logits, temperature: float, top_k: int, top_p: float):
     if m == top.values.shape[-1] < V:  # the margin may hold only some of a row's ties: count them all
         m = int((logits >= kth).sum(-1).max())
         top = torch.topk(logits, m, dim=-1)
-    values = top.values[..., :m].masked_fill(top.values[..., :m] < kth, float("-inf")).flip(-1)
-    ids = top.indices[..., :m].flip(-1)
+    values, ids = top.values[..., :m], top.indices[..., :m]
+    values, ids = values.masked_fill(values < kth, float("-inf")).flip(-1), ids.flip(-1)
     if top_p is not None and top_p < 1.0:
         remove = values.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
         remove[..., -1:] = False  # keep at least one token
