@@ -162,7 +162,8 @@ class Runner:
     tags: dict[str, str] = field(default_factory=dict)  # MLflow tags of the entry point
     label: str | None = None  # default MLflow run name `<algorithm>-<label>` (None: the run's key)
     session: Any = None  # live agents a run starts from (stages.planning.session.Session), trained in place
-    sets_threads: bool = True  # sets this process's torch threads (else only when agents.torch_threads says)
+    sets_threads: bool = True  # owns its process: sets its torch threads (else only when agents.torch_threads
+    # says) and keeps its freed memory for reuse (stages.common.memory)
 
     def __call__(self, step: str, *args):
         return self.steps[step](*args)
@@ -274,7 +275,7 @@ def open_store(cfg: RunConfig, runner: Runner) -> ArtifactStore:
     """The run's store (temp dirs of killed writers cleared), after the pre-flight (`stages.operations.preflight`:
     the data dir, the user code the config names, sandbox isolation when required, the taskset's rows, the disk;
     PreflightError with one line naming what is wrong, before any model loads) and setting this process's torch
-    threads. Every entry point opens its run's store here, so every one gets the same refusals."""
+    threads (and, in a process the run owns, its malloc: `keep_freed_memory`). Every entry point opens its run's store here, so every one gets the same refusals."""
     from coopflow.stages.operations.preflight import preflight
 
     preflight(cfg)
@@ -282,6 +283,10 @@ def open_store(cfg: RunConfig, runner: Runner) -> ArtifactStore:
         from coopflow.stages.common.threads import apply_threads
 
         runner.logger.info("torch threads: %d (%s)", *apply_threads(cfg.agents.torch_threads))
+    if runner.sets_threads:  # a process the run owns (not a Python API user's): its freed memory kept for reuse
+        from coopflow.stages.common.memory import keep_freed_memory
+
+        runner.logger.info("freed memory: %s", keep_freed_memory())
     store = ArtifactStore.of(cfg)
     store.clean_temp()
     return store

@@ -76,6 +76,9 @@ class AgentActor:
 
         torch.set_num_threads(max(1, threads))
         from coopflow.stages.agents.workers import load_remote_agent
+        from coopflow.stages.common.memory import keep_freed_memory
+
+        keep_freed_memory()
 
         self.agent = load_remote_agent(spec)
 

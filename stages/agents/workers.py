@@ -78,8 +78,11 @@ def _worker(conn, spec: AgentSpec, threads: int, log_settings: dict | None = Non
         _forward_logs(conn, log_settings or {})
         import torch
 
+        from coopflow.stages.common.memory import keep_freed_memory
+
         if threads > 0:
             torch.set_num_threads(threads)
+        keep_freed_memory()
         agent = load_remote_agent(spec)
         conn.send(("ok", None))
     except BaseException as err:  # report load errors to the parent
