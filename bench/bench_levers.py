@@ -37,8 +37,9 @@ so machine drift cancels; the printed ratio is baseline / lever (> 1: the lever 
   once per step for its samples (`sample(shared_attention=True)`, the default where the KV cache stays float32 on
   a CPU) vs SDPA over every row's copy; 2 prompts x rows/2 samples (the runs' shape); tokens compared.
 - loss_chunked_lse: the shared-prompt loss forward + backward (bf16 autocast) with the sampled tokens' log-probs
-  taken block by block in float32 (`token_logprobs(chunk=64)`, coopflow's default) vs the float32 copy of every
+  taken block by block in float32 (`token_logprobs`, blocks of `BLOCK_FLOATS`: coopflow's default) vs the float32 copy of every
   position's logits and autograd's logsumexp; loss and gradients compared.
+- loss_lse_block: the same loss pass with 64 positions per float32 block vs `BLOCK_FLOATS` values (the default).
 - loss_wide_attention: the shared-prompt loss forward + backward (bf16 autocast) with SDPA on float32 queries, keys
   and values (coopflow's choice where bf16 attention is not the fast kernel: CPUs without AMX) vs on bf16 ones;
   loss and the gradients' relative difference.
@@ -712,11 +713,20 @@ def lever_loss_chunked_lse(model, tok, a) -> dict:
                 LP.token_logprobs = chunked
         return go
 
-    tb, tl = interleave(run(None), run(64), a.repeats)
-    (l0, g0), (l1, g1) = run(None)(), run(64)()
+    base, lever = getattr(a, "lse_blocks", (None, "auto"))
+    tb, tl = interleave(run(base), run(lever), a.repeats)
+    (l0, g0), (l1, g1) = run(base)(), run(lever)()
     model.zero_grad(set_to_none=True)
     model.eval()
     return {"base_s": tb, "lever_s": tl, "same_loss": l0 == l1, "same_last_grad": bool(torch.equal(g0, g1))}
+
+
+def lever_loss_lse_block(model, tok, a) -> dict:
+    """loss_chunked_lse's block size: 64 positions per float32 block (before) vs `BLOCK_FLOATS` values (the default:
+    10 positions of SmolLM2's 49k vocabulary)."""
+    import argparse
+
+    return lever_loss_chunked_lse(model, tok, argparse.Namespace(**vars(a), lse_blocks=(64, "auto")))
 
 
 def lever_decode_floor(model, tok, a) -> dict:
@@ -802,7 +812,8 @@ LEVERS = {"decode_bf16": lever_decode_bf16, "decode_fused": lever_decode_fused, 
           "decode_compile": lever_decode_compile, "loss_bf16": lever_loss_bf16, "adamw_fused": lever_adamw_fused,
           "decode_rows": lever_decode_rows, "loss_eager_attention": lever_loss_eager_attention,
           "decode_packed": lever_decode_packed, "decode_narrow_cache": lever_decode_narrow_cache,
-          "decode_survivors": lever_decode_survivors, "decode_floor": lever_decode_floor,
+          "decode_survivors": lever_decode_survivors, "loss_lse_block": lever_loss_lse_block,
+          "decode_floor": lever_decode_floor,
           "decode_pack_hint": lever_decode_pack_hint, "decode_frozen": lever_decode_frozen,
           "decode_prefix_attention": lever_decode_prefix_attention,
           "loss_chunked_lse": lever_loss_chunked_lse, "loss_wide_attention": lever_loss_wide_attention,

@@ -40,14 +40,21 @@ def completion_mask(completions: list[list[int]], like: torch.Tensor) -> torch.T
     return torch.arange(like.shape[-1], device=like.device)[None, :] < lengths[:, None]
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, chunk: int | None = 8) -> torch.Tensor:
+BLOCK_FLOATS = 2**19
+"""Float32 values per block of `token_logprobs` (2 MB: a block stays in a core's cache; 10 positions of a 49k
+vocabulary, 1365 of a 384-token one)."""
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, chunk: int | str | None = "auto") -> torch.Tensor:
     """log softmax(logits)[target] in float32 without materializing the log-softmax: [B, T, V] -> [B, T].
 
     `chunk`: positions per float32 block (`_PickedLogprob`): the float32 logits, their exponentials and the
     backward's softmax exist for `chunk` positions at a time, never for all B·T (bf16 logits under autocast are
-    never copied to float32 whole); the same numbers and gradients as the plain form. A few positions per block keep
-    it in the core's cache (8 x a 49k vocabulary: 1.5 MB). None: the plain autograd form (kept to measure this
-    lever)."""
+    never copied to float32 whole); the same numbers and gradients as the plain form. 'auto': as many positions as
+    fit in `BLOCK_FLOATS` (a few for a real vocabulary: the block stays in the core's cache; many for a small one:
+    few Python steps). None: the plain autograd form (kept to measure this lever)."""
+    if chunk == "auto":
+        chunk = max(1, BLOCK_FLOATS // logits.shape[-1])
     if chunk is None:
         logits = logits.float()
         picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
