@@ -37,8 +37,8 @@ so machine drift cancels; the printed ratio is baseline / lever (> 1: the lever 
   once per step for its samples (`sample(shared_attention=True)`, the default where the KV cache stays float32 on
   a CPU) vs SDPA over every row's copy; 2 prompts x rows/2 samples (the runs' shape); tokens compared.
 - loss_chunked_lse: the shared-prompt loss forward + backward (bf16 autocast) with the sampled tokens' log-probs
-  taken block by block in float32 (`token_logprobs`, blocks of `BLOCK_FLOATS`: coopflow's default) vs the float32 copy of every
-  position's logits and autograd's logsumexp; loss and gradients compared.
+  taken block by block in float32 (`token_logprobs`, blocks of `BLOCK_FLOATS`: coopflow's default) vs the float32
+  copy of every position's logits and autograd's logsumexp; loss and gradients compared.
 - loss_lse_block: the same loss pass with 64 positions per float32 block vs `BLOCK_FLOATS` values (the default).
 - loss_wide_attention: the shared-prompt loss forward + backward (bf16 autocast) with SDPA on float32 queries, keys
   and values (coopflow's choice where bf16 attention is not the fast kernel: CPUs without AMX) vs on bf16 ones;

@@ -275,7 +275,8 @@ def open_store(cfg: RunConfig, runner: Runner) -> ArtifactStore:
     """The run's store (temp dirs of killed writers cleared), after the pre-flight (`stages.operations.preflight`:
     the data dir, the user code the config names, sandbox isolation when required, the taskset's rows, the disk;
     PreflightError with one line naming what is wrong, before any model loads) and setting this process's torch
-    threads (and, in a process the run owns, its malloc: `keep_freed_memory`). Every entry point opens its run's store here, so every one gets the same refusals."""
+    threads (and, in a process the run owns, its malloc: `keep_freed_memory`). Every entry point opens its run's
+    store here, so every one gets the same refusals."""
     from coopflow.stages.operations.preflight import preflight
 
     preflight(cfg)
