@@ -23,6 +23,7 @@ import torch
 
 from coopflow.artifacts import faults
 from coopflow.stages.agents.checkpoint import CheckpointLayout
+from coopflow.artifacts.direct import DirectFile
 from coopflow.artifacts.store import file_digest, sync_files
 from coopflow.stages.agents.state import AgentState, CriticState, Policies, write_beside
 from coopflow.stages.agents.spec import AgentSpec
@@ -203,15 +204,18 @@ def load_critic(source: str | Path, lr: float, head_dim: int | None, dtype: str 
     return crit
 
 
-def save_optimizer(optimizer, path: Path) -> None:
-    """An optimizer's state dict as a torch file at `path`, without torch.save's per-record CRC32 (set in this
-    thread only: torch keeps the option per thread): the store's manifest of file digests already checks every
-    byte of a checkpoint on read, and the CRC was most of the write (1.1 GB of AdamW state: 1.0-2.3 s with it,
-    0.3 s without). torch.load reads such files as usual."""
+def save_optimizer(optimizer, path: Path) -> str:
+    """An optimizer's state dict as a torch file at `path`; returns the file's `file_digest`. Written around the
+    page cache and hashed on the way (`artifacts.direct.DirectFile`: the state is read back only to resume), and
+    without torch.save's per-record CRC32 (set in this thread only: torch keeps the option per thread): the store's
+    manifest of file digests already checks every byte of a checkpoint on read, and the CRC was most of the write
+    (1.1 GB of AdamW state: 1.0-2.3 s with it, 0.3 s without). torch.load reads such files as usual."""
     before = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(False)
     try:
-        torch.save(optimizer.state_dict(), path)
+        with DirectFile(path) as f:
+            torch.save(optimizer.state_dict(), f)
+        return f.digest
     finally:
         torch.serialization.set_crc32_options(before)
 
@@ -234,8 +238,9 @@ def save_tokenizer(tok, out: Path) -> None:
     snapshot.save(str(Path(out) / "tokenizer.json"))
 
 
-def save_critic(crit: CriticState, out: Path, optimizer_file: Path | None = None) -> None:
-    """An HF dir with the critic LM, its tokenizer and value_head.pt (+ its optimizer state)."""
+def save_critic(crit: CriticState, out: Path, optimizer_file: Path | None = None) -> dict[Path, str]:
+    """An HF dir with the critic LM, its tokenizer and value_head.pt (+ its optimizer state); the digests of the
+    files it hashed as it wrote them (the optimizer state's)."""
     from coopflow.stages.agents.value_heads import save_head
 
     crit.model.save_pretrained(out)
@@ -243,7 +248,8 @@ def save_critic(crit: CriticState, out: Path, optimizer_file: Path | None = None
     save_head(crit.head, out)
     if crit.optimizer is not None and optimizer_file is not None:
         optimizer_file.parent.mkdir(exist_ok=True)
-        save_optimizer(crit.optimizer, optimizer_file)
+        return {optimizer_file: save_optimizer(crit.optimizer, optimizer_file)}
+    return {}
 
 
 def load_agent_state(spec: AgentSpec) -> AgentState:
@@ -281,9 +287,11 @@ def attach_actor_critic(agent: AgentState, source: str | Path, spec: AgentSpec) 
                                    Path(c.optimizer_file) if c.optimizer_file else None, agent.tokenizer, c.seed)
 
 
-def save_agent(agent: AgentState, out: Path, index: int) -> None:
-    """Per-agent op: write agent i's part of the checkpoint at `out` (model, tokenizer, optimizer, heads, critic)."""
+def save_agent(agent: AgentState, out: Path, index: int) -> dict[Path, str]:
+    """Per-agent op: write agent i's part of the checkpoint at `out` (model, tokenizer, optimizer, heads, critic);
+    the digests of the files hashed as they were written (optimizer states), by path."""
     lay = CheckpointLayout(Path(out))
+    hashed: dict[Path, str] = {}
     if agent.adapter is not None:  # LoRA: the adapter only (the base is shared and unchanged)
         save_adapter(agent, lay.agent(index))
     else:
@@ -291,13 +299,14 @@ def save_agent(agent: AgentState, out: Path, index: int) -> None:
     save_tokenizer(agent.tokenizer, lay.agent(index))
     if agent.optimizer is not None:
         lay.optimizer_dir.mkdir(exist_ok=True)
-        save_optimizer(agent.optimizer, lay.agent_optimizer(index))
+        hashed[lay.agent_optimizer(index)] = save_optimizer(agent.optimizer, lay.agent_optimizer(index))
     if agent.value_head is not None:
         from coopflow.stages.agents.value_heads import save_head
 
         save_head(agent.value_head, lay.agent(index))
     if agent.critic is not None:
-        save_critic(agent.critic, lay.agent_critic(index), lay.agent_critic_optimizer(index))
+        hashed.update(save_critic(agent.critic, lay.agent_critic(index), lay.agent_critic_optimizer(index)))
+    return hashed
 
 
 def load_policies(specs: list[AgentSpec]) -> Policies:
@@ -322,10 +331,10 @@ def _save_and_hash(agent: AgentState, out: Path, index: int) -> tuple[dict[str, 
     """Write agent i's part, hash its files and flush them to the disk (here, on the writer thread: a checkpoint
     written beside the next phase does not wait for the disk at its commit): (their digests, when it ended as
     time.time())."""
-    save_agent(agent, out, index)
+    hashed = save_agent(agent, out, index)
     faults.hit(f"checkpoint-write/agent{index}")  # (tests: killed while a checkpoint is written beside the next phase)
     files = CheckpointLayout(Path(out)).agent_files(index)
-    digests = {str(f.relative_to(out)): file_digest(f) for f in files}
+    digests = {str(f.relative_to(out)): hashed.get(f) or file_digest(f) for f in files}
     sync_files(files)
     return digests, time.time()
 
