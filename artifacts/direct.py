@@ -103,3 +103,4 @@ class DirectFile(io.RawIOBase):
         if self._digest is None:
             raise ValueError("DirectFile.digest: the file is not closed (or its write failed)")
         return self._digest
+

@@ -74,3 +74,30 @@ def test_save_optimizer_round_trip_and_digest(tmp_path):
     for k, st in want["state"].items():
         for name, v in st.items():
             assert torch.equal(loaded["state"][k][name], v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_checkpoint_weights_written_direct_are_transformers_bytes(tiny_model_dir, tmp_path, dtype):
+    """save_pretrained inside `_weights_written_direct` writes the same files byte for byte as transformers' own
+    writer and reports the weights file's digest; outside it (and on other threads) transformers writes as before."""
+    import threading
+
+    from transformers import AutoModelForCausalLM
+
+    from coopflow.stages.agents import models as M
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=dtype)
+    model.save_pretrained(tmp_path / "plain")
+    hashed: dict = {}
+    with M._weights_written_direct(hashed):
+        other: dict = {}
+        t = threading.Thread(target=lambda: other.setdefault("ok", model.save_pretrained(tmp_path / "thread")))
+        t.start(), t.join()
+        model.save_pretrained(tmp_path / "direct")
+    weights = tmp_path / "direct" / "model.safetensors"
+    assert hashed == {weights: file_digest(weights)}  # only this thread's save was routed
+    for name in sorted(p.name for p in (tmp_path / "plain").iterdir()):
+        assert (tmp_path / "direct" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes(), name
+        assert (tmp_path / "thread" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes(), name
+    model.save_pretrained(tmp_path / "after")
+    assert hashed == {weights: file_digest(weights)}  # outside the block: nothing reported

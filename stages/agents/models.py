@@ -12,9 +12,12 @@
 import json
 import logging
 import os
+import struct
+import threading
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import contextmanager
 from concurrent.futures import Future
 from concurrent.futures import wait as futures_wait
 from pathlib import Path
@@ -22,9 +25,9 @@ from pathlib import Path
 import torch
 
 from coopflow.artifacts import faults
-from coopflow.stages.agents.checkpoint import CheckpointLayout
 from coopflow.artifacts.direct import DirectFile
 from coopflow.artifacts.store import file_digest, sync_files
+from coopflow.stages.agents.checkpoint import CheckpointLayout
 from coopflow.stages.agents.state import AgentState, CriticState, Policies, write_beside
 from coopflow.stages.agents.spec import AgentSpec
 
@@ -287,6 +290,71 @@ def attach_actor_critic(agent: AgentState, source: str | Path, spec: AgentSpec) 
                                    Path(c.optimizer_file) if c.optimizer_file else None, agent.tokenizer, c.seed)
 
 
+# --- weights files written around the page cache -------------------------------------------------------------
+
+_DIRECT = threading.local()  # .hashed: where this thread's save_pretrained reports the files it wrote directly
+_SAFE_SAVE = None  # transformers' own safetensors writer, once `_weights_written_direct` has wrapped it
+
+
+_ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64"}
+
+
+def _safe_save(tensors, filename, metadata=None):
+    """transformers' safetensors writer inside `_weights_written_direct` (on this thread): the file written from the
+    tensors' own memory through `DirectFile` (no copy of the weights), its digest reported; elsewhere, or for
+    tensors this writer does not lay out (mixed or other dtypes, not contiguous, not on the CPU), the original."""
+    hashed = getattr(_DIRECT, "hashed", None)
+    dtypes = {t.dtype for t in tensors.values()}
+    if (hashed is None or len(dtypes) != 1 or dtypes.pop() not in _ST_DTYPES
+            or not all(t.device.type == "cpu" and t.is_contiguous() for t in tensors.values())):
+        return _SAFE_SAVE(tensors, filename, metadata=metadata)
+    hashed[Path(filename)] = _write_safetensors(tensors, filename, metadata)
+
+
+def _write_safetensors(tensors: dict, filename, metadata: dict | None) -> str:
+    """The safetensors file of one-dtype CPU tensors as the safetensors library lays it out — an 8-byte little-endian
+    header length, the JSON header (metadata first, then the tensors by name with their byte ranges) padded with
+    spaces to a multiple of 8, then the tensors' bytes in that order — written with `DirectFile`; its digest."""
+    header: dict = {"__metadata__": metadata} if metadata else {}
+    names, offset = sorted(tensors), 0
+    for name in names:
+        t = tensors[name]
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    head += b" " * (-len(head) % 8)
+    with DirectFile(filename) as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        for name in names:
+            f.write(tensors[name].detach().reshape(-1).view(torch.uint8).numpy())
+    return f.digest
+
+
+@contextmanager
+def _weights_written_direct(hashed: dict[Path, str]):
+    """Inside: `save_pretrained` on this thread writes its safetensors files as `write_direct` does (the weights
+    are read back only to resume or evaluate; through the page cache each 4 KB first takes a fresh page, the
+    slowest part of the write on a VM) and records their digests in `hashed`. Other threads and code outside are
+    left to transformers' own writer."""
+    global _SAFE_SAVE
+    from transformers import modeling_utils
+
+    with _WRAP_LOCK:
+        if _SAFE_SAVE is None:
+            _SAFE_SAVE = modeling_utils.safe_save_file
+            modeling_utils.safe_save_file = _safe_save
+    _DIRECT.hashed = hashed
+    try:
+        yield
+    finally:
+        _DIRECT.hashed = None
+
+
+_WRAP_LOCK = threading.Lock()
+
+
 def save_agent(agent: AgentState, out: Path, index: int) -> dict[Path, str]:
     """Per-agent op: write agent i's part of the checkpoint at `out` (model, tokenizer, optimizer, heads, critic);
     the digests of the files hashed as they were written (optimizer states), by path."""
@@ -295,7 +363,8 @@ def save_agent(agent: AgentState, out: Path, index: int) -> dict[Path, str]:
     if agent.adapter is not None:  # LoRA: the adapter only (the base is shared and unchanged)
         save_adapter(agent, lay.agent(index))
     else:
-        agent.model.save_pretrained(lay.agent(index))
+        with _weights_written_direct(hashed):
+            agent.model.save_pretrained(lay.agent(index))
     save_tokenizer(agent.tokenizer, lay.agent(index))
     if agent.optimizer is not None:
         lay.optimizer_dir.mkdir(exist_ok=True)
