@@ -2,8 +2,8 @@
 
 A checkpoint's optimizer state (AdamW's two float32 moments per weight: 1.1 GB for a 135M-parameter model) is
 written once, flushed to the disk before its key is recorded, and read back only if a run resumes from it. Written
-through the page cache, each 4 KB of it first takes a page from the kernel — on a virtual machine whose free memory
-the host has taken back, the slowest part of the write — and is flushed after. `DirectFile` writes it with O_DIRECT
+through the page cache, each 4 KB of it first takes a fresh page from the kernel — on the virtual machines measured,
+the slowest part of the write — and is flushed after. `DirectFile` writes it with O_DIRECT
 instead: the bytes go from one aligned buffer, reused block after block, straight to the disk, and the writer's
 digest (`file_digest`'s, XXH3-128 of the same bytes, computed as they pass) spares reading the file back to hash it.
 
