@@ -294,6 +294,7 @@ def attach_actor_critic(agent: AgentState, source: str | Path, spec: AgentSpec) 
 
 _DIRECT = threading.local()  # .hashed: where this thread's save_pretrained reports the files it wrote directly
 _SAFE_SAVE = None  # transformers' own safetensors writer, once `_weights_written_direct` has wrapped it
+_WRAP_LOCK = threading.Lock()
 
 
 _ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64"}
@@ -334,10 +335,10 @@ def _write_safetensors(tensors: dict, filename, metadata: dict | None) -> str:
 
 @contextmanager
 def _weights_written_direct(hashed: dict[Path, str]):
-    """Inside: `save_pretrained` on this thread writes its safetensors files as `write_direct` does (the weights
-    are read back only to resume or evaluate; through the page cache each 4 KB first takes a fresh page, the
-    slowest part of the write on a VM) and records their digests in `hashed`. Other threads and code outside are
-    left to transformers' own writer."""
+    """Inside: `save_pretrained` on this thread writes its safetensors files with `_write_safetensors`, around the
+    page cache (the weights are read back only to resume or evaluate; through the page cache each 4 KB first takes
+    a fresh page, the slowest part of the write on the machines measured), and records their digests in `hashed`.
+    Other threads and code outside are left to transformers' own writer."""
     global _SAFE_SAVE
     from transformers import modeling_utils
 
@@ -345,19 +346,16 @@ def _weights_written_direct(hashed: dict[Path, str]):
         if _SAFE_SAVE is None:
             _SAFE_SAVE = modeling_utils.safe_save_file
             modeling_utils.safe_save_file = _safe_save
-    _DIRECT.hashed = hashed
+    before, _DIRECT.hashed = getattr(_DIRECT, "hashed", None), hashed
     try:
         yield
     finally:
-        _DIRECT.hashed = None
-
-
-_WRAP_LOCK = threading.Lock()
+        _DIRECT.hashed = before
 
 
 def save_agent(agent: AgentState, out: Path, index: int) -> dict[Path, str]:
     """Per-agent op: write agent i's part of the checkpoint at `out` (model, tokenizer, optimizer, heads, critic);
-    the digests of the files hashed as they were written (optimizer states), by path."""
+    the digests of the files hashed as they were written (weights and optimizer states), by path."""
     lay = CheckpointLayout(Path(out))
     hashed: dict[Path, str] = {}
     if agent.adapter is not None:  # LoRA: the adapter only (the base is shared and unchanged)
