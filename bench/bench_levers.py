@@ -692,6 +692,12 @@ def lever_decode_shared_attention(model, tok, a) -> dict:
 
 
 def lever_loss_chunked_lse(model, tok, a) -> dict:
+    return _loss_lse_blocks(model, tok, a, None, "auto")
+
+
+def _loss_lse_blocks(model, tok, a, base, lever) -> dict:
+    """The shared-prompt loss forward + backward (bf16 autocast) with `token_logprobs(chunk=base)` vs
+    `chunk=lever`, interleaved; loss and the last gradient compared."""
     import functools
 
     from coopflow.stages.agents import logprobs as LP
@@ -713,7 +719,6 @@ def lever_loss_chunked_lse(model, tok, a) -> dict:
                 LP.token_logprobs = chunked
         return go
 
-    base, lever = getattr(a, "lse_blocks", (None, "auto"))
     tb, tl = interleave(run(base), run(lever), a.repeats)
     (l0, g0), (l1, g1) = run(base)(), run(lever)()
     model.zero_grad(set_to_none=True)
@@ -724,9 +729,7 @@ def lever_loss_chunked_lse(model, tok, a) -> dict:
 def lever_loss_lse_block(model, tok, a) -> dict:
     """loss_chunked_lse's block size: 64 positions per float32 block (before) vs `BLOCK_FLOATS` values (the default:
     10 positions of SmolLM2's 49k vocabulary)."""
-    import argparse
-
-    return lever_loss_chunked_lse(model, tok, argparse.Namespace(**vars(a), lse_blocks=(64, "auto")))
+    return _loss_lse_blocks(model, tok, a, 64, "auto")
 
 
 def lever_decode_floor(model, tok, a) -> dict:

@@ -121,10 +121,8 @@ def sequence_logprobs(model, prompts: list[list[int]], completions: list[list[in
         targets = ids[:, P:P + C]
     # each block of logits [B, c, V] predicts the next c target columns: their log-probs are taken block by block,
     # so the logits are never concatenated into one [B, C, V] copy
-    starts = [0]
-    for b in blocks:
-        starts.append(starts[-1] + b.shape[1])
-    tok = torch.cat([token_logprobs(b, targets[:, i:j]) for b, i, j in zip(blocks, starts, starts[1:])], 1) * cmask
+    parts = targets.split([b.shape[1] for b in blocks], 1)
+    tok = torch.cat([token_logprobs(b, t) for b, t in zip(blocks, parts)], 1) * cmask
     seq = tok.sum(-1)
     return (seq, tok) if return_tokens else seq
 
